@@ -1,0 +1,86 @@
+"""Teacher-forced, unconstrained token log-probabilities of many sequences sharing a prefix.
+
+The shared prefix (a long few-shot prompt, or the static part of the reverse prompt) is run
+once and its KV cache is expanded to every row; only the differing suffixes are batched.
+Gradients flow through the shared prefix too, so the result is exact with or without
+`share_prefix`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def common_prefix_length(sequences: list[list[int]]) -> int:
+    """Length of the longest common prefix of all sequences."""
+    first = sequences[0]
+    length = min(len(s) for s in sequences)
+    for other in sequences[1:]:
+        n = 0
+        while n < length and other[n] == first[n]:
+            n += 1
+        length = n
+    return length
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[targets] over the full vocabulary (half precisions upcast to float32)."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return F.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    sequences: list[list[int]],
+    score_from: list[int],
+    share_prefix: bool = True,
+) -> list[torch.Tensor]:
+    """Per-token log p(seq[t] | seq[:t]) for t >= score_from[i], for each sequence i.
+
+    With `share_prefix`, the longest common prefix (capped so every scored token stays in
+    the suffix) is computed once and its cache shared by all rows.
+    """
+    if len(sequences) != len(score_from):
+        raise ValueError("sequences and score_from differ in length")
+    if any(not 1 <= start < len(seq) + 1 for seq, start in zip(sequences, score_from)):
+        raise ValueError("each score_from must be in [1, len(sequence)]")
+    device = _model_device(model)
+    prefix_len = 0
+    if share_prefix:
+        prefix_len = min(common_prefix_length(sequences), min(score_from))
+    prefix_logits, cache = None, None
+    if prefix_len > 0:
+        prefix = torch.tensor([sequences[0][:prefix_len]], device=device)
+        out = model(input_ids=prefix, use_cache=True)
+        prefix_logits = out.logits[:, -1]  # predicts the first suffix token
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(len(sequences))
+
+    suffixes = [seq[prefix_len:] for seq in sequences]
+    width = max(len(s) for s in suffixes)
+    pad = sequences[0][0]
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in suffixes], device=device)
+    valid = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in suffixes], device=device)
+    attention = torch.cat([torch.ones(len(suffixes), prefix_len, device=device, dtype=valid.dtype),
+                           valid], dim=1)
+    positions = (torch.arange(width, device=device) + prefix_len).expand(len(suffixes), -1)
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                past_key_values=cache, use_cache=cache is not None)
+    logits = out.logits
+    if prefix_logits is not None:  # logits predicting suffix token j come from position j-1
+        logits = torch.cat([prefix_logits.expand(len(suffixes), -1).unsqueeze(1), logits[:, :-1]], 1)
+        token_logp = _gather_logprobs(logits, ids)
+        offset = prefix_len
+    else:
+        token_logp = _gather_logprobs(logits[:, :-1], ids[:, 1:])
+        offset = 1
+    return [
+        token_logp[i, start - offset: len(seq) - offset]
+        for i, (seq, start) in enumerate(zip(sequences, score_from))
+    ]

@@ -1,0 +1,102 @@
+"""RLOO advantages, reward mixing and the GrammarRL loss (pure functions, tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grammarrl.models import add_lora, load_model, reference_mode
+from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
+from grammarrl.scoring import sequence_logprobs
+from tests.conftest import compose_config
+
+
+def test_leave_one_out_baseline_by_hand():
+    r = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
+    # A_i = r_i - mean of the other three
+    expected = torch.tensor([[1 - 11 / 3, 2 - 10 / 3, 3 - 3.0, 6 - 2.0]])
+    assert torch.allclose(rloo_advantages(r), expected)
+
+
+def test_advantages_are_per_group_and_carry_no_gradient():
+    r = torch.tensor([[0.0, 0.0, 0.0, 4.0], [5.0, 5.0, 5.0, 5.0]], requires_grad=True)
+    a = rloo_advantages(r)
+    assert not a.requires_grad
+    assert torch.allclose(a[1], torch.zeros(4))  # equal rewards: no signal
+    assert a[0, 3] == pytest.approx(4.0) and a[0, 0] == pytest.approx(-4 / 3)
+
+
+def test_combine_rewards_scales_each_term():
+    d, r = torch.tensor([-2.0]), torch.tensor([-0.5])
+    assert combine_rewards(d, r, 0.0, 2.0, 0.25).item() == pytest.approx(-1.0)
+    assert combine_rewards(d, r, 1.0, 2.0, 0.25).item() == pytest.approx(-2.0)
+    assert combine_rewards(d, r, 0.5, 2.0, 0.25).item() == pytest.approx(-1.5)
+
+
+def test_loss_value_by_hand():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -2.0]])
+    adv = torch.tensor([[1.0, -1.0]])
+    loss, parts = grammarrl_loss(logp, ref, adv, beta=0.1)
+    # 1/2 * [(-1*-1 + 0.1*0.5) + (1*-2 + 0)] = 1/2 * (1.05 - 2) = -0.475
+    assert loss.item() == pytest.approx(-0.475)
+    assert parts["kl"].item() == pytest.approx(0.25)
+
+
+def _candidates():
+    prompt = [1, 520, 33, 97, 2, 1, 314]
+    return prompt, [[45, 46, 2], [47, 2], [48, 49, 50, 2]]
+
+
+def _policy_logp(policy, prompt, cands):
+    rows = sequence_logprobs(policy, [prompt + c for c in cands], [len(prompt)] * len(cands))
+    return torch.stack([r.sum() for r in rows]).unsqueeze(0)
+
+
+@pytest.fixture
+def tiny_policy(cache_dir):
+    cfg = compose_config(["model=tiny", "lora.dropout=0.0"])
+    model, _ = load_model(cfg.model, cache_dir, device="cpu")
+    policy = add_lora(model.double(), cfg.lora)
+    policy.eval()
+    return policy
+
+
+def test_kl_term_is_zero_at_step_zero(tiny_policy):
+    prompt, cands = _candidates()
+    logp = _policy_logp(tiny_policy, prompt, cands)
+    with reference_mode(tiny_policy), torch.no_grad():
+        ref = _policy_logp(tiny_policy, prompt, cands)
+    _, parts = grammarrl_loss(logp, ref, torch.zeros_like(logp), beta=0.02)
+    assert parts["kl"].item() == 0.0
+
+
+def test_loss_gradient_matches_finite_differences(tiny_policy):
+    torch.manual_seed(0)
+    with torch.no_grad():  # move off the LoRA init (B=0) so every path carries gradient
+        for name, p in tiny_policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    prompt, cands = _candidates()
+    with reference_mode(tiny_policy), torch.no_grad():
+        ref = _policy_logp(tiny_policy, prompt, cands)
+    adv = torch.tensor([[0.7, -0.2, -0.5]], dtype=torch.float64)
+
+    def loss_fn():
+        return grammarrl_loss(_policy_logp(tiny_policy, prompt, cands), ref, adv, beta=0.02)[0]
+
+    name, param = next((n, p) for n, p in tiny_policy.named_parameters()
+                       if "lora_A" in n and "q_proj" in n)
+    loss_fn().backward()
+    analytic = param.grad[0, :3].clone()
+    eps = 1e-3  # RMSNorm and rotary run in float32 inside the model: a larger step
+    numeric = []
+    for j in range(3):
+        with torch.no_grad():
+            param[0, j] += eps
+            up = loss_fn().item()
+            param[0, j] -= 2 * eps
+            down = loss_fn().item()
+            param[0, j] += eps
+        numeric.append((up - down) / (2 * eps))
+    assert torch.allclose(analytic, torch.tensor(numeric, dtype=torch.float64), rtol=1e-3, atol=1e-7), name
