@@ -32,6 +32,7 @@ class TaskSchema:
     max_steps: int
     lr: float
     max_new_tokens: int
+    test_fraction: float = 0.5  # share of a single labelled pool (WoS) kept as the test pool
     sigmas: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
@@ -73,6 +74,14 @@ class OptimSchema:
 
 
 @dataclass
+class TrainSchema:
+    share_prefix: bool = True
+    resume: Any = None
+    eval_baseline: bool = False
+    eval_beam: bool = False
+
+
+@dataclass
 class EvalSchema:
     decoding: str = "greedy"
     beam_width: int = 3
@@ -89,6 +98,7 @@ SCHEMAS: dict[str, type] = {
     "lora": LoraSchema,
     "optim": OptimSchema,
     "eval": EvalSchema,
+    "train": TrainSchema,
 }
 
 

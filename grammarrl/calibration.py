@@ -1,0 +1,113 @@
+"""σ constants: mean within-group standard deviation of each reward term under the frozen model.
+
+Resolution order for a run: `reward.sigma_*` set explicitly > a calibration file entry for
+(task, model, N, B) > the paper's table (`task.sigmas[model][nN_bB]`) > calibrate now.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from grammarrl.config import rollout_key
+
+log = logging.getLogger(__name__)
+
+
+def calibration_file(cfg: DictConfig) -> Path:
+    """Where calibrated σ's live (one JSON for all keys)."""
+    return Path(cfg.cache_dir) / "calibration.json"
+
+
+def calibration_key(cfg: DictConfig) -> str:
+    """The key of a run's σ's: task/model/nN_bB."""
+    return f"{cfg.task.name}/{cfg.model.name}/{rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width)}"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
+    """Write one calibration entry (atomically; other keys are kept)."""
+    path = calibration_file(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = _read(path)
+    table[calibration_key(cfg)] = entry
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(table, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
+    """(σ_direct, σ_reverse, where they came from), or None when calibration is needed."""
+    if cfg.reward.sigma_direct is not None and cfg.reward.sigma_reverse is not None:
+        return float(cfg.reward.sigma_direct), float(cfg.reward.sigma_reverse), "config"
+    entry = _read(calibration_file(cfg)).get(calibration_key(cfg))
+    if entry is not None:
+        return entry["sigma_direct"], entry["sigma_reverse"], str(calibration_file(cfg))
+    paper = cfg.task.sigmas.get(cfg.model.name, {}).get(
+        rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width))
+    if paper is not None:
+        return float(paper[0]), float(paper[1]), "paper table"
+    return None
+
+
+def within_group_std(values: torch.Tensor) -> float:
+    """Mean over groups (rows) of the population standard deviation within each group."""
+    return values.std(dim=-1, unbiased=False).mean().item()
+
+
+def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any) -> dict[str, Any]:
+    """Roll out the frozen model on the dev inputs with the run's (N, B) and measure the σ's."""
+    from grammarrl.decoding import ConstrainedDecoder
+    from grammarrl.rewards import ReferenceScorer
+    from grammarrl.rollout import collect_rollouts
+
+    dev = task.splits().dev[: cfg.task.dev_size]
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    scorer = ReferenceScorer(model, tokenizer, task)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    direct, reverse = [], []
+    batch = cfg.optim.batch_size
+    for start in tqdm(range(0, len(dev), batch), desc=f"calibrate {calibration_key(cfg)}"):
+        with torch.no_grad():
+            out = collect_rollouts(decoder, scorer, tokenizer, task, dev[start:start + batch],
+                                   cfg.rollout, generator)
+        direct.append(out.direct)
+        reverse.append(out.reverse)
+    direct_t, reverse_t = torch.cat(direct), torch.cat(reverse)
+    return {
+        "sigma_direct": within_group_std(direct_t),
+        "sigma_reverse": within_group_std(reverse_t),
+        "num_inputs": len(dev),
+        "mean_direct": direct_t.mean().item(),
+        "mean_reverse": reverse_t.mean().item(),
+        "seed": cfg.seed,
+        "data_dir": cfg.data.dir,
+    }
+
+
+def run_calibrate(cfg: DictConfig) -> dict[str, Any]:
+    """mode=calibrate: measure and store the σ's for (task, model, N, B)."""
+    from grammarrl.models import load_model
+    from grammarrl.tasks import load_task
+
+    task = load_task(cfg)
+    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
+    entry = calibrate(cfg, model, tokenizer, task)
+    path = store_sigmas(cfg, entry)
+    log.info("σ_direct=%.4f σ_reverse=%.4f -> %s [%s]", entry["sigma_direct"],
+             entry["sigma_reverse"], path, calibration_key(cfg))
+    print(json.dumps({"key": calibration_key(cfg), **entry}))
+    return entry

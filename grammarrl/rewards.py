@@ -1,0 +1,66 @@
+"""The bidirectional reward, scored by the frozen reference model without the grammar mask.
+
+R_direct(x, y)  = mean over the tokens of y (end-of-turn included) of log pi_ref(y_t | x, y_<t)
+R_reverse(x, y) = mean over the tokens of x of log pi_ref(x_k | tau(y), x_<k)
+One reference pass over (x, y) also gives log pi_ref(y | x) (the sum) for the KL term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grammarrl.chat import encode_prompt, end_of_turn_id
+from grammarrl.models import reference_mode
+from grammarrl.scoring import sequence_logprobs
+from grammarrl.tasks.base import Example, Task
+
+
+@dataclass
+class CandidateScores:
+    """Reference scores of the candidates of one input (one entry per candidate)."""
+
+    direct: torch.Tensor  # R_direct, mean log-prob per token of y
+    reverse: torch.Tensor  # R_reverse, mean log-prob per token of x
+    ref_logp: torch.Tensor  # log pi_ref(y | x), summed over the tokens of y
+
+
+class ReferenceScorer:
+    """Scores candidates with pi_ref (the policy with its adapter disabled)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, task: Task, share_prefix: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.task = task
+        self.share_prefix = share_prefix
+        self.stop_id = end_of_turn_id(tokenizer)
+
+    def input_ids(self, example: Example) -> list[int]:
+        """Token ids of x as the assistant turn of the reverse prompt (no end token)."""
+        return self.tokenizer.encode(example.input, add_special_tokens=False)
+
+    @torch.no_grad()
+    def score(self, example: Example, prompt: list[int], candidates: list[list[int]],
+              candidate_texts: list[str]) -> CandidateScores:
+        """Score the candidates (token ids, end-of-turn included) of one input x."""
+        with reference_mode(self.model):
+            forward = sequence_logprobs(
+                self.model, [prompt + c for c in candidates], [len(prompt)] * len(candidates),
+                share_prefix=self.share_prefix,
+            )
+            x_ids = self.input_ids(example)
+            reverse_prompts = [
+                encode_prompt(self.tokenizer, self.task.reverse_messages(text))
+                for text in candidate_texts
+            ]
+            reverse = sequence_logprobs(
+                self.model, [p + x_ids for p in reverse_prompts], [len(p) for p in reverse_prompts],
+                share_prefix=self.share_prefix,
+            )
+        return CandidateScores(
+            direct=torch.stack([lp.mean() for lp in forward]),
+            reverse=torch.stack([lp.mean() for lp in reverse]),
+            ref_logp=torch.stack([lp.sum() for lp in forward]),
+        )

@@ -1,0 +1,38 @@
+"""σ resolution order and the calibration file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grammarrl.calibration import lookup_sigmas, store_sigmas, within_group_std
+from tests.conftest import compose_config
+
+
+def _cfg(tmp_path, *overrides):
+    return compose_config([f"cache_dir={tmp_path}", *overrides])
+
+
+def test_within_group_std_is_mean_of_row_stds():
+    values = torch.tensor([[1.0, 3.0], [0.0, 0.0], [2.0, 6.0]])
+    assert within_group_std(values) == pytest.approx((1.0 + 0.0 + 2.0) / 3)
+
+
+def test_paper_table_for_llama_and_none_for_smollm2(tmp_path):
+    assert lookup_sigmas(_cfg(tmp_path, "task=gloss", "model=1b")) == (1.1378, 0.9731, "paper table")
+    got = lookup_sigmas(_cfg(tmp_path, "task=conll", "model=1b", "rollout.beam_width=10"))
+    assert got[:2] == (0.8378, 0.2745)
+    assert lookup_sigmas(_cfg(tmp_path, "model=smollm2")) is None
+    assert lookup_sigmas(_cfg(tmp_path, "model=3b", "rollout.num_samples=6")) is None
+
+
+def test_calibration_file_replaces_paper_and_config_wins(tmp_path):
+    cfg = _cfg(tmp_path, "task=wos", "model=1b")
+    path = store_sigmas(cfg, {"sigma_direct": 0.4, "sigma_reverse": 0.03})
+    store_sigmas(_cfg(tmp_path, "task=conll", "model=1b"), {"sigma_direct": 0.9, "sigma_reverse": 0.2})
+    assert set(json.loads(path.read_text())) == {"wos/1b/n3_b3", "conll/1b/n3_b3"}
+    assert lookup_sigmas(cfg)[:2] == (0.4, 0.03)
+    explicit = _cfg(tmp_path, "task=wos", "model=1b", "reward.sigma_direct=2", "reward.sigma_reverse=3")
+    assert lookup_sigmas(explicit) == (2.0, 3.0, "config")
