@@ -1,0 +1,1 @@
+"""Data access: sources (local directory, bundled samples, hub), row readers, splits, hints."""

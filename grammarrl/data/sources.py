@@ -1,0 +1,104 @@
+"""Where the data comes from: `data.dir` (default $GRAMMARRL_DATA_DIR), else the bundled samples.
+
+Every reader returns `Row`s that remember their file and line, and reports bad rows to a
+`SkipLog`, which counts them by reason and warns with the location: nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grammarrl.errors import DataError
+
+log = logging.getLogger(__name__)
+
+SAMPLES_DIR = Path(__file__).resolve().parent / "samples"
+# task -> sub-directory of data.dir (the layout of ../shared/data)
+TASK_DIRS = {"gloss": "aslg_pc12", "wos": "wos", "conll": "conll2003"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One raw record of a corpus: its split, its fields, and where it was read (`file:line`)."""
+
+    split: str
+    fields: dict[str, Any]
+    where: str
+
+
+class SkipLog:
+    """Counts skipped rows by reason; bad rows are warned one by one with their location."""
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.counts: Counter[str] = Counter()
+
+    def skip(self, reason: str, where: str, detail: str = "") -> None:
+        """A bad row (missing field, empty text, unknown label...): count it and warn."""
+        self.counts[reason] += 1
+        log.warning("%s: %s: row skipped (%s)%s", self.task, where, reason,
+                    f": {detail}" if detail else "")
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        """Rows left out by the task's definition (e.g. CoNLL sentences without entities):
+        counted, and reported in the task's loading summary rather than one by one."""
+        if count:
+            self.counts[reason] += count
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items()))
+
+
+def data_root(dir_value: str | Path | None) -> Path:
+    """The data root: `data.dir` if set (it must exist), else the bundled samples."""
+    if dir_value in (None, ""):
+        return SAMPLES_DIR
+    root = Path(str(dir_value)).expanduser()
+    if not root.is_dir():
+        raise DataError(
+            f"data.dir={dir_value}: no such directory. Set data.dir (or GRAMMARRL_DATA_DIR) to "
+            f"the folder holding {', '.join(sorted(TASK_DIRS.values()))}/, or unset it to use "
+            "the bundled samples"
+        )
+    return root
+
+
+def task_dir(root: Path, task: str) -> Path:
+    """The task's sub-directory of the data root; a clear DataError if it is missing."""
+    directory = root / TASK_DIRS[task]
+    if not directory.is_dir():
+        raise DataError(f"task {task}: expected the directory {directory} (see docs/tasks.md)")
+    return directory
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 file's text without a leading BOM; a DataError naming the file otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"missing data file {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read {path}: {err}") from None
+    return text.removeprefix("\ufeff")
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a text file (split on '\\n' only: corpus text may hold other separators)."""
+    lines = read_text(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short stable hash of the given values (cache keys)."""
+    digest = hashlib.sha1()
+    for part in parts:
+        digest.update(repr(part).encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]

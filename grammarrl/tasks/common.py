@@ -1,0 +1,185 @@
+"""`CorpusTask`: what the three tasks share — data loading, split policy, prompt assembly, hints.
+
+A concrete task supplies: how to read and normalise its rows, how to pick its demonstrations,
+its vocabulary, its instruction texts and context block, its grammar, parser and metric.
+
+Prompt layout (paper, appendix "Prompts"):
+  forward: system = instruction + context block (hints / hierarchy) + output format;
+           demonstrations as (user: input, assistant: output) turns; user: query.
+  reverse: system = inverse instruction; demonstrations swapped (user: output, assistant: input);
+           user: candidate output. No hints.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from grammarrl.data.hints import MINILM, HintIndex
+from grammarrl.data.sources import Row, SkipLog, data_root, fingerprint, task_dir
+from grammarrl.data.splits import make_splits
+from grammarrl.errors import ConfigError
+from grammarrl.tasks.base import Example, Message, Splits, Task
+
+log = logging.getLogger(__name__)
+
+
+def clean_text(text: str) -> str:
+    """Collapse runs of whitespace (including non-breaking spaces) to single spaces."""
+    return " ".join(text.split())
+
+
+class CorpusTask(Task):
+    """A task over a corpus read from `data.dir` (or the samples, or the hub)."""
+
+    instruction: str  # the fixed task instruction
+    output_format: str  # the required output format
+    inverse_instruction: str  # the reverse prompt's system instruction
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.task_cfg = cfg.task
+        data = cfg.get("data") or {}
+        self.source = str(data.get("source", "local"))
+        if self.source not in ("local", "hub"):
+            raise ConfigError(f"data.source={self.source!r} is invalid: expected local or hub")
+        self.root = data_root(data.get("dir")) if self.source == "local" else None
+        self.seed = int(data.get("split_seed", 0))
+        self.embedder = str(data.get("embedder") or MINILM)
+        self.cache_dir = Path(str(cfg.get("cache_dir") or Path.home() / ".cache" / "grammarrl"))
+        self.skips = SkipLog(self.name)
+        self._splits: Splits | None = None
+
+    # ----- data -------------------------------------------------------------------------
+    @property
+    def data_key(self) -> str:
+        """Identifies the data this task reads (cache keys)."""
+        where = str(self.root.resolve()) if self.root is not None else f"hub:{self.name}"
+        return fingerprint(self.name, where)
+
+    def read_rows(self) -> list[Row]:
+        """The raw rows from the configured source."""
+        if self.source == "hub":
+            from grammarrl.data.hub import hub_rows
+
+            return hub_rows(self.name, self.skips, self.seed)
+        return self.read_local(task_dir(self.root, self.name))
+
+    @abstractmethod
+    def read_local(self, directory: Path) -> list[Row]:
+        """Read this task's files from its directory under data.dir."""
+
+    @abstractmethod
+    def normalise(self, row: Row) -> Example | None:
+        """One row as an Example, or None after reporting why it was skipped."""
+
+    @abstractmethod
+    def pick_fewshot(self, pool: list[Example], k: int) -> list[Example]:
+        """k fixed, deterministic demonstrations from the training pool."""
+
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """The size of the closed output vocabulary (terms, spans or label paths)."""
+
+    @cached_property
+    def corpus(self) -> dict[str, list[Example]]:
+        """Every valid example of the corpus, by source split (train/dev/test, or all)."""
+        pools: dict[str, list[Example]] = {}
+        rows = self.read_rows()
+        for row in rows:
+            example = self.normalise(row)
+            if example is not None:
+                pools.setdefault(row.split, []).append(example)
+        log.info("%s: %d rows read, %d kept (%s)", self.name, len(rows),
+                 sum(map(len, pools.values())), self.skips.as_dict() or "none skipped")
+        return pools
+
+    def pools(self) -> dict[str, list[Example]]:
+        """The train/dev/test pools the split policy draws from."""
+        return {split: self.corpus.get(split, []) for split in ("train", "dev", "test")}
+
+    def splits(self) -> Splits:
+        if self._splits is None:
+            self._splits = make_splits(
+                self.pools(),
+                train_size=self.task_cfg.train_size,
+                dev_size=self.task_cfg.dev_size,
+                num_fewshot=self.task_cfg.num_fewshot,
+                pick_fewshot=self.pick_fewshot,
+                seed=self.seed,
+                skips=self.skips,
+                task=self.name,
+            )
+        return self._splits
+
+    # ----- hints ------------------------------------------------------------------------
+    def hint_vocabularies(self) -> dict[str, list[str]]:
+        """Named vocabularies hints are retrieved from ({} for a task without hints)."""
+        return {}
+
+    def hint_display(self, item: str) -> str:
+        """The text embedded for a vocabulary item."""
+        return item
+
+    @cached_property
+    def hint_index(self) -> HintIndex | None:
+        vocabularies = self.hint_vocabularies()
+        if not vocabularies or self.task_cfg.num_hints <= 0:
+            return None
+        return HintIndex(self.name, vocabularies, self.task_cfg.num_hints, self.embedder,
+                         self.cache_dir, self.data_key, display=self.hint_display)
+
+    def prepare_hints(self) -> int:
+        """Compute and cache the hints of every split input; returns how many were new."""
+        if self.hint_index is None:
+            return 0
+        splits = self.splits()
+        inputs = [ex.input for part in (splits.train, splits.dev, splits.fewshot,
+                                        splits.test_pool) for ex in part]
+        return self.hint_index.ensure(inputs)
+
+    def hints(self, example: Example) -> dict[str, list[str]]:
+        """The example's hints (all split inputs are computed together on first need)."""
+        if self.hint_index is None:
+            return {}
+        self.prepare_hints()
+        return self.hint_index.get(example.input)
+
+    # ----- prompts ----------------------------------------------------------------------
+    def context(self, example: Example) -> str:
+        """The context block of the forward system prompt ("" for none)."""
+        return ""
+
+    def system_prompt(self, example: Example) -> str:
+        parts = (self.instruction, self.context(example), self.output_format)
+        return "\n\n".join(part for part in parts if part)
+
+    def demonstrations(self) -> list[Example]:
+        return self.splits().fewshot
+
+    def forward_messages(self, example: Example) -> list[Message]:
+        messages = [{"role": "system", "content": self.system_prompt(example)}]
+        for demo in self.demonstrations():
+            messages += [{"role": "user", "content": demo.input},
+                         {"role": "assistant", "content": demo.target}]
+        return messages + [{"role": "user", "content": example.input}]
+
+    def reverse_messages(self, candidate: str) -> list[Message]:
+        messages = [{"role": "system", "content": self.inverse_instruction}]
+        for demo in self.demonstrations():
+            messages += [{"role": "user", "content": demo.target},
+                         {"role": "assistant", "content": demo.input}]
+        return messages + [{"role": "user", "content": candidate}]
+
+    # ----- parsing ----------------------------------------------------------------------
+    def try_parse(self, output: str) -> Any | None:
+        """The parsed output, or None if it is invalid."""
+        try:
+            return self.parse(output)
+        except ValueError:
+            return None
