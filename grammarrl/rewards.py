@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from grammarrl.chat import encode_prompt, end_of_turn_id
+from grammarrl.chat import encode_prompt
 from grammarrl.models import reference_mode
-from grammarrl.scoring import sequence_logprobs
+from grammarrl.scoring import Prefix, common_prefix_length, encode_prefix, sequence_logprobs
 from grammarrl.tasks.base import Example, Task
 
 
@@ -35,7 +35,18 @@ class ReferenceScorer:
         self.tokenizer = tokenizer
         self.task = task
         self.share_prefix = share_prefix
-        self.stop_id = end_of_turn_id(tokenizer)
+        self._reverse_prefix: Prefix | None = None
+
+    @torch.no_grad()
+    def reverse_static_prefix(self) -> Prefix:
+        """The reverse prompt's static part (inverse instruction, swapped demonstrations), run
+        once per scorer under pi_ref: it never changes, since the reference is frozen."""
+        if self._reverse_prefix is None:
+            probes = [encode_prompt(self.tokenizer, self.task.reverse_messages(c)) for c in "AZ"]
+            tokens = probes[0][: common_prefix_length(probes)]
+            with reference_mode(self.model):
+                self._reverse_prefix = encode_prefix(self.model, tokens)
+        return self._reverse_prefix
 
     def input_ids(self, example: Example) -> list[int]:
         """Token ids of x as the assistant turn of the reverse prompt (no end token)."""
@@ -45,6 +56,7 @@ class ReferenceScorer:
     def score(self, example: Example, prompt: list[int], candidates: list[list[int]],
               candidate_texts: list[str]) -> CandidateScores:
         """Score the candidates (token ids, end-of-turn included) of one input x."""
+        reverse_prefix = self.reverse_static_prefix() if self.share_prefix else None
         with reference_mode(self.model):
             forward = sequence_logprobs(
                 self.model, [prompt + c for c in candidates], [len(prompt)] * len(candidates),
@@ -58,6 +70,7 @@ class ReferenceScorer:
             reverse = sequence_logprobs(
                 self.model, [p + x_ids for p in reverse_prompts], [len(p) for p in reverse_prompts],
                 share_prefix=self.share_prefix,
+                prefix=reverse_prefix,
             )
         return CandidateScores(
             direct=torch.stack([lp.mean() for lp in forward]),

@@ -8,8 +8,33 @@ Gradients flow through the shared prefix too, so the result is exact with or wit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
+
+
+@dataclass
+class Prefix:
+    """A prefix run once: its tokens, per-layer (keys, values) at batch 1, last-position logits."""
+
+    tokens: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    last_logits: torch.Tensor  # [1, vocab]
+
+    def cache_for(self, rows: int) -> DynamicCache:
+        """A cache holding this prefix for `rows` rows (views; appending copies)."""
+        return DynamicCache(ddp_cache_data=[
+            (k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.kv])
+
+
+def encode_prefix(model: torch.nn.Module, tokens: list[int]) -> Prefix:
+    """Run `tokens` once and keep its KV cache (reusable only while the weights are unchanged)."""
+    ids = torch.tensor([tokens], device=_model_device(model))
+    out = model(input_ids=ids, use_cache=True)
+    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    return Prefix(tokens=list(tokens), kv=kv, last_logits=out.logits[:, -1])
 
 
 def common_prefix_length(sequences: list[list[int]]) -> int:
@@ -40,27 +65,30 @@ def sequence_logprobs(
     sequences: list[list[int]],
     score_from: list[int],
     share_prefix: bool = True,
+    prefix: Prefix | None = None,
 ) -> list[torch.Tensor]:
     """Per-token log p(seq[t] | seq[:t]) for t >= score_from[i], for each sequence i.
 
     With `share_prefix`, the longest common prefix (capped so every scored token stays in
-    the suffix) is computed once and its cache shared by all rows.
+    the suffix) is computed once and its cache shared by all rows. A precomputed `prefix`
+    (e.g. a static prompt part under the frozen model) is used instead when given.
     """
     if len(sequences) != len(score_from):
         raise ValueError("sequences and score_from differ in length")
     if any(not 1 <= start < len(seq) + 1 for seq, start in zip(sequences, score_from)):
         raise ValueError("each score_from must be in [1, len(sequence)]")
     device = _model_device(model)
-    prefix_len = 0
-    if share_prefix:
+    if prefix is None and share_prefix:
         prefix_len = min(common_prefix_length(sequences), min(score_from))
-    prefix_logits, cache = None, None
-    if prefix_len > 0:
-        prefix = torch.tensor([sequences[0][:prefix_len]], device=device)
-        out = model(input_ids=prefix, use_cache=True)
-        prefix_logits = out.logits[:, -1]  # predicts the first suffix token
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(len(sequences))
+        prefix = encode_prefix(model, sequences[0][:prefix_len]) if prefix_len > 0 else None
+    prefix_len, prefix_logits, cache = 0, None, None
+    if prefix is not None:
+        prefix_len = len(prefix.tokens)
+        if any(seq[:prefix_len] != prefix.tokens or start < prefix_len
+               for seq, start in zip(sequences, score_from)):
+            raise ValueError("every sequence must start with the given prefix, scored after it")
+        prefix_logits = prefix.last_logits  # predicts the first suffix token
+        cache = prefix.cache_for(len(sequences))
 
     suffixes = [seq[prefix_len:] for seq in sequences]
     width = max(len(s) for s in suffixes)

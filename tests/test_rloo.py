@@ -57,6 +57,7 @@ def _policy_logp(policy, prompt, cands):
 def tiny_policy(cache_dir):
     cfg = compose_config(["model=tiny", "lora.dropout=0.0"])
     model, _ = load_model(cfg.model, cache_dir, device="cpu")
+    torch.manual_seed(0)  # LoRA A is randomly initialised
     policy = add_lora(model.double(), cfg.lora)
     policy.eval()
     return policy

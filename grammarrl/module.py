@@ -1,0 +1,122 @@
+"""The GrammarRL LightningModule: rollout -> reward -> RLOO advantages -> loss, per rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+from grammarrl.chat import encode_prompt
+from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.rewards import ReferenceScorer
+from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
+from grammarrl.rollout import collect_rollouts
+from grammarrl.scoring import sequence_logprobs
+from grammarrl.tasks.base import Example, Task
+
+
+class GrammarRLModule(L.LightningModule):
+    """Policy = base model + LoRA; reference = the same model with the adapter disabled."""
+
+    def __init__(self, cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, task: Task,
+                 sigma_direct: float, sigma_reverse: float):
+        super().__init__()
+        self.cfg = cfg
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.task = task
+        self.sigma_direct = sigma_direct
+        self.sigma_reverse = sigma_reverse
+        share = cfg.train.share_prefix
+        self.decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+        self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)
+        self.strict_loading = False  # checkpoints hold only the adapter (trainable) weights
+        self.samples: list[dict[str, Any]] = []
+
+    def setup(self, stage: str) -> None:
+        # A distinct, reproducible sampling stream per rank (DDP: each rank rolls out its inputs).
+        self.generator = torch.Generator(device="cpu").manual_seed(self.cfg.seed + self.global_rank)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.cfg.optim.lr,
+                                 weight_decay=self.cfg.optim.weight_decay)
+
+    def _policy_logp(self, prompts: list[list[int]], groups: list) -> torch.Tensor:
+        """log pi_theta(y|x), unconstrained, summed over tokens, with gradient: [inputs, N+1]."""
+        rows = []
+        for prompt, group in zip(prompts, groups):
+            token_logp = sequence_logprobs(
+                self.policy, [prompt + g.token_ids for g in group], [len(prompt)] * len(group),
+                share_prefix=self.cfg.train.share_prefix,
+            )
+            rows.append(torch.stack([lp.sum() for lp in token_logp]))
+        return torch.stack(rows)
+
+    def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
+        self.policy.eval()  # rollouts and reference scoring without dropout
+        with torch.no_grad():
+            out = collect_rollouts(self.decoder, self.scorer, self.tokenizer, self.task, batch,
+                                   self.cfg.rollout, self.generator)
+        rewards = combine_rewards(out.direct, out.reverse, self.cfg["lambda"],
+                                  self.sigma_direct, self.sigma_reverse)
+        advantages = rloo_advantages(rewards)
+        self.policy.train()
+        policy_logp = self._policy_logp(out.prompts, out.groups)
+        loss, parts = grammarrl_loss(policy_logp, out.ref_logp.to(policy_logp.device),
+                                     advantages.to(policy_logp.device), self.cfg.beta)
+        self._log_step(out, rewards, advantages, loss, parts)
+        return loss
+
+    def _log_step(self, out, rewards, advantages, loss, parts) -> None:
+        gens = [g for group in out.groups for g in group]
+        beam_best = (rewards.argmax(dim=-1) == rewards.shape[-1] - 1).float().mean()
+        metrics = {
+            "train/loss": loss.detach(),
+            "train/loss_pg": parts["loss/pg"],
+            "train/kl": parts["kl"],
+            "train/reward": rewards.mean(),
+            "train/reward_direct": out.direct.mean(),
+            "train/reward_reverse": out.reverse.mean(),
+            "train/advantage_std": advantages.std(),
+            "train/advantage_abs": advantages.abs().mean(),
+            "train/validity": torch.tensor([g.finished for g in gens], dtype=torch.float).mean(),
+            "train/truncated": torch.tensor([g.truncated for g in gens], dtype=torch.float).mean(),
+            "train/beam_best_share": beam_best,
+            "train/candidate_tokens": torch.tensor(
+                [len(g.token_ids) for g in gens], dtype=torch.float).mean(),
+        }
+        self.log_dict(metrics, batch_size=len(out.examples), prog_bar=False)
+        self.log("reward", rewards.mean(), prog_bar=True, batch_size=len(out.examples))
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
+        first = out.groups[0]
+        self.samples.append({
+            "step": self.global_step, "input": out.examples[0].input,
+            "candidates": [g.text for g in first],
+            "rewards": [round(v, 4) for v in rewards[0].tolist()],
+        })
+
+    def validation_step(self, batch: list[Example], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.policy.eval()
+        prompts = [encode_prompt(self.tokenizer, self.task.forward_messages(ex)) for ex in batch]
+        with torch.no_grad():
+            preds = [g.text for g in self.decoder.greedy(prompts)]
+        self._val_preds.setdefault(dataloader_idx, []).extend(zip(preds, batch))
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_preds: dict[int, list] = {}
+
+    def on_validation_epoch_end(self) -> None:
+        names = self.trainer.datamodule.val_names
+        for idx, pairs in self._val_preds.items():
+            preds, examples = zip(*pairs)
+            scores = self.task.score(list(preds), list(examples))
+            self.log(f"val/{names[idx]}_{scores.metric}", scores.value, batch_size=len(preds),
+                     add_dataloader_idx=False, prog_bar=idx == 0, sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
+                                    if k in trainable}

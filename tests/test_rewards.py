@@ -1,0 +1,117 @@
+"""Rewards come from the frozen reference with unconstrained (not renormalised) probabilities."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grammarrl.chat import encode_prompt
+from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.models import add_lora, reference_mode
+from grammarrl.rewards import ReferenceScorer
+from grammarrl.scoring import sequence_logprobs
+from grammarrl.tasks.base import Example, Scores, Splits, Task
+from tests.conftest import compose_config
+
+WORDS = ["alpha", "beta", "gamma", "delta", "omega"]
+
+
+class ToyTask(Task):
+    """Pick one word from a list; the reverse prompt reconstructs the sentence."""
+
+    name = "toy"
+    metric_name = "accuracy"
+
+    def __init__(self, words: list[str]):
+        self.words = words
+
+    def splits(self) -> Splits:
+        raise NotImplementedError
+
+    def grammar(self) -> str:
+        return "start: " + " | ".join(f'"{w}"' for w in self.words)
+
+    def forward_messages(self, example: Example) -> list[dict[str, str]]:
+        return [{"role": "system", "content": "Name the topic."},
+                {"role": "user", "content": example.input}]
+
+    def reverse_messages(self, candidate: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": "Write a sentence about the topic."},
+                {"role": "user", "content": candidate}]
+
+    def parse(self, output: str) -> str:
+        return output
+
+    def score(self, predictions: list[str], examples: list[Example]) -> Scores:
+        raise NotImplementedError
+
+
+def _first_token_favourite(model, tokenizer, prompt):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([prompt])).logits[0, -1].argmax().item()
+
+
+def test_reward_uses_unconstrained_probabilities(tiny):
+    model, tokenizer = tiny
+    example = Example(uid="toy/0", input="The quick brown fox jumps.", target="alpha")
+    task = ToyTask(WORDS)
+    prompt = encode_prompt(tokenizer, task.forward_messages(example))
+    favourite = _first_token_favourite(model, tokenizer, prompt)
+    allowed_first = {tokenizer.encode(w, add_special_tokens=False)[0] for w in WORDS}
+    assert favourite not in allowed_first  # the grammar masks the model's favourite token
+
+    gen = ConstrainedDecoder(model, tokenizer, task.grammar(), max_new_tokens=8).greedy([prompt])[0]
+    assert gen.finished and gen.text in WORDS
+    scores = ReferenceScorer(model, tokenizer, task).score(example, prompt, [gen.token_ids], [gen.text])
+    teacher = sequence_logprobs(model, [prompt + gen.token_ids], [len(prompt)])[0]
+    assert scores.direct.item() == pytest.approx(teacher.mean().item(), abs=1e-5)
+    assert scores.ref_logp.item() == pytest.approx(teacher.sum().item(), abs=1e-4)
+    assert scores.direct.item() == pytest.approx(sum(gen.logp_unconstrained) / gen.num_tokens, abs=1e-4)
+    # renormalised probabilities would be much higher: the mask removed the favourite token
+    assert scores.ref_logp.item() < gen.sum_logp_constrained - 1.0
+
+
+def test_reverse_reward_scores_the_input_given_the_candidate(tiny):
+    model, tokenizer = tiny
+    task = ToyTask(WORDS)
+    example = Example(uid="toy/1", input="Gamma rays are energetic.", target="gamma")
+    prompt = encode_prompt(tokenizer, task.forward_messages(example))
+    cands = [tokenizer.encode(w, add_special_tokens=False) + [2] for w in ("gamma", "omega")]
+    scorer = ReferenceScorer(model, tokenizer, task)
+    shared = scorer.score(example, prompt, cands, ["gamma", "omega"])
+    plain = ReferenceScorer(model, tokenizer, task, share_prefix=False).score(
+        example, prompt, cands, ["gamma", "omega"])
+    x_ids = tokenizer.encode(example.input, add_special_tokens=False)
+    for i, word in enumerate(["gamma", "omega"]):
+        rev = encode_prompt(tokenizer, task.reverse_messages(word))
+        expected = sequence_logprobs(model, [rev + x_ids], [len(rev)], share_prefix=False)[0]
+        assert expected.shape[0] == len(x_ids)
+        assert shared.reverse[i].item() == pytest.approx(expected.mean().item(), abs=1e-5)
+    assert torch.allclose(shared.direct, plain.direct, atol=1e-5)
+    assert torch.allclose(shared.reverse, plain.reverse, atol=1e-5)
+
+
+def test_reference_ignores_the_adapter(tiny, cache_dir):
+    from grammarrl.models import load_model
+
+    cfg = compose_config(["model=tiny"])
+    base, tokenizer = load_model(cfg.model, cache_dir, device="cpu")
+    task = ToyTask(WORDS)
+    example = Example(uid="toy/2", input="Delta of a river.", target="delta")
+    prompt = encode_prompt(tokenizer, task.forward_messages(example))
+    cands = [tokenizer.encode("delta", add_special_tokens=False) + [2]]
+    before = ReferenceScorer(base, tokenizer, task).score(example, prompt, cands, ["delta"])
+    policy = add_lora(base, cfg.lora)
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    after = ReferenceScorer(policy, tokenizer, task).score(example, prompt, cands, ["delta"])
+    assert torch.allclose(before.direct, after.direct, atol=1e-5)
+    assert torch.allclose(before.reverse, after.reverse, atol=1e-5)
+    with torch.no_grad():
+        policy_logp = sequence_logprobs(policy, [prompt + cands[0]], [len(prompt)])[0].sum()
+    assert abs(policy_logp.item() - after.ref_logp.item()) > 1e-3  # the policy itself differs
+    with reference_mode(policy), torch.no_grad():
+        ref_logp = sequence_logprobs(policy, [prompt + cands[0]], [len(prompt)])[0].sum()
+    assert ref_logp.item() == pytest.approx(after.ref_logp.item(), abs=1e-4)
