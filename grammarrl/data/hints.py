@@ -75,7 +75,7 @@ Encoder = Callable[[Sequence[str], bool], np.ndarray]
 
 
 def sentence_encoder(name: str, cache_dir: Path, batch_size: int = 64) -> Encoder:
-    """encode(texts, is_query) -> L2-normalised float32 embeddings, with a progress bar."""
+    """encode(texts, is_query) -> L2-normalised float32 embeddings."""
     model = load_embedder(name, cache_dir)
     prompt = QUERY_PROMPTS.get(name, "")
 
@@ -85,7 +85,7 @@ def sentence_encoder(name: str, cache_dir: Path, batch_size: int = 64) -> Encode
             batch_size=batch_size,
             normalize_embeddings=True,
             convert_to_numpy=True,
-            show_progress_bar=len(texts) > batch_size,
+            show_progress_bar=not is_query and len(texts) > batch_size,  # queries: ensure()'s bar
         )
         return np.asarray(vectors, dtype=np.float32)
 

@@ -1,0 +1,207 @@
+"""Data sources, bad input handling, the split policy and the hint index (bundled samples)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.conftest import compose_config
+
+from grammarrl.data.hints import HintIndex, top_k
+from grammarrl.data.sources import SAMPLES_DIR, data_root
+from grammarrl.data.splits import partition
+from grammarrl.errors import DataError
+from grammarrl.tasks import load_task
+from grammarrl.tasks.base import Example
+
+TASKS = ("gloss", "wos", "conll")
+
+
+def task_on(name: str, data_dir, *overrides: str):
+    value = "null" if data_dir is None else str(data_dir)
+    return load_task(compose_config([f"task={name}", f"data.dir={value}", *overrides]))
+
+
+@pytest.fixture
+def copy_samples(tmp_path):
+    """A writable copy of the bundled samples (to corrupt)."""
+    shutil.copytree(SAMPLES_DIR, tmp_path / "data")
+    return tmp_path / "data"
+
+
+# ----- sources ---------------------------------------------------------------------------
+def test_data_dir_defaults_to_env_then_samples(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRAMMARRL_DATA_DIR", str(tmp_path))
+    assert compose_config([]).data.dir == str(tmp_path)
+    monkeypatch.delenv("GRAMMARRL_DATA_DIR")
+    assert compose_config([]).data.dir is None
+    assert data_root(None) == SAMPLES_DIR
+    assert task_on("wos", None).root == SAMPLES_DIR
+
+
+def test_missing_data_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match=r"data.dir=.*nowhere: no such directory"):
+        task_on("gloss", tmp_path / "nowhere")
+    task = task_on("conll", tmp_path)  # the directory exists but has no conll2003/
+    with pytest.raises(DataError, match=r"conll2003"):
+        task.splits()
+
+
+def test_missing_or_unreadable_file_is_a_clear_error(copy_samples):
+    (copy_samples / "conll2003" / "test.txt").unlink()
+    with pytest.raises(DataError, match=r"missing data file .*conll2003/test.txt"):
+        task_on("conll", copy_samples).splits()
+    (copy_samples / "wos" / "wos_labelled.jsonl").write_bytes(b"\xff\xfe\x00 not utf-8")
+    with pytest.raises(DataError, match=r"cannot read .*wos_labelled.jsonl"):
+        task_on("wos", copy_samples).splits()
+
+
+def test_gloss_files_must_pair_line_by_line(copy_samples):
+    path = copy_samples / "aslg_pc12" / "ENG-ASL_Dev_0.046.asl"
+    path.write_text(path.read_text() + "EXTRA LINE\n")
+    with pytest.raises(DataError, match=r"ENG-ASL_Dev_0.046.en has 12 lines but .*has 13"):
+        task_on("gloss", copy_samples).splits()
+
+
+# ----- bad rows are skipped, counted and located ---------------------------------------------
+def test_wos_bad_rows_are_skipped_with_file_and_line(copy_samples, caplog):
+    path = copy_samples / "wos" / "wos_labelled.jsonl"
+    good = path.read_text().splitlines()
+    bad = [
+        json.dumps({"abstract": "No labels here."}),
+        json.dumps({"abstract": "   ", "parent": "CS", "child": "Cryptography"}),
+        json.dumps({"abstract": "A text.", "parent": "CS", "child": "Depression"}),
+        "{not json",
+    ]
+    path.write_text("\n".join(good + bad) + "\n")
+    with caplog.at_level(logging.WARNING):
+        task = task_on("wos", copy_samples)
+        corpus = task.corpus
+    assert sum(map(len, corpus.values())) == len(good)
+    assert task.skips.as_dict() == {"empty_text": 1, "label_outside_hierarchy": 1,
+                                    "malformed_json": 1, "missing_field": 1}
+    n = len(good)
+    for offset, reason in enumerate(["missing_field", "empty_text", "label_outside_hierarchy",
+                                     "malformed_json"], start=1):
+        assert f"wos_labelled.jsonl:{n + offset}: row skipped ({reason})" in caplog.text
+    assert task.splits().skipped["label_outside_hierarchy"] == 1
+
+
+def test_gloss_empty_line_and_conll_bad_tag_are_skipped(copy_samples, caplog):
+    en = copy_samples / "aslg_pc12" / "ENG-ASL_test_0.046.en"
+    lines = en.read_text().splitlines()
+    lines[2] = "   "
+    en.write_text("\n".join(lines) + "\n")
+    conll = copy_samples / "conll2003" / "valid.txt"
+    rows = conll.read_text().split("\n")
+    rows[2] = rows[2].rsplit(" ", 1)[0] + " B-PERSON"  # first token of the first sentence
+    conll.write_text("\n".join(rows))
+    with caplog.at_level(logging.WARNING):
+        gloss = task_on("gloss", copy_samples)
+        assert len(gloss.corpus["test"]) == 11
+        conll_task = task_on("conll", copy_samples)
+        assert len(conll_task.corpus["dev"]) == 8  # 10 sentences: one without entity, one bad
+        assert conll_task.skips.as_dict()["malformed_line"] == 1
+    assert gloss.skips.as_dict() == {"empty_text": 1}
+    assert "ENG-ASL_test_0.046.en:3: row skipped (empty_text)" in caplog.text
+    assert "valid.txt:3: row skipped (malformed_line)" in caplog.text
+    assert "B-PERSON" in caplog.text
+
+
+# ----- split policy ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", TASKS)
+def test_splits_are_disjoint_and_deterministic(name):
+    splits = task_on(name, None).splits()
+    parts = {"train": splits.train, "dev": splits.dev, "fewshot": splits.fewshot,
+             "test": splits.test_pool}
+    inputs = {key: {ex.input for ex in part} for key, part in parts.items()}
+    for a in parts:
+        for b in parts:
+            if a < b:
+                assert not inputs[a] & inputs[b], f"{name}: {a} and {b} share inputs"
+    assert all(parts.values()), f"{name}: an empty split: { {k: len(v) for k, v in parts.items()} }"
+    again = task_on(name, None).splits()
+    assert again.train == splits.train and again.dev == splits.dev
+    assert again.fewshot == splits.fewshot and again.test_pool == splits.test_pool
+
+
+def test_split_sizes_follow_config_and_seed():
+    small = task_on("gloss", None, "task.train_size=5", "task.dev_size=4", "task.num_fewshot=3")
+    splits = small.splits()
+    assert (len(splits.train), len(splits.dev), len(splits.fewshot)) == (5, 4, 3)
+    other = task_on("gloss", None, "task.train_size=5", "data.split_seed=7").splits()
+    assert [ex.uid for ex in other.train] != [ex.uid for ex in splits.train]
+
+
+def test_test_sets_are_seeded_and_reproducible():
+    task = task_on("conll", None)
+    sets = task.test_sets(num_sets=3, size=4, seed=10)
+    assert [len(s) for s in sets] == [4, 4, 4]
+    assert sets == task.test_sets(num_sets=3, size=4, seed=10)
+    assert sets[0] != sets[1]
+    pool = set(task.splits().test_pool)
+    assert all(set(s) <= pool for s in sets)
+
+
+def test_partition_sizes_and_determinism():
+    pool = [Example(str(i), f"text {i}", "t") for i in range(1000)]
+    parts = partition(pool, dev_size=100, test_fraction=0.5, seed=3)
+    assert {k: len(v) for k, v in parts.items()} == {"dev": 100, "test": 450, "train": 450}
+    assert parts == partition(pool, dev_size=100, test_fraction=0.5, seed=3)
+    assert len({ex.uid for part in parts.values() for ex in part}) == 1000
+    tiny = partition(pool[:30], dev_size=100, test_fraction=0.5, seed=3)
+    assert len(tiny["dev"]) == 3  # at most a tenth of a small pool goes to dev
+
+
+# ----- hints -----------------------------------------------------------------------------
+def test_top_k_orders_by_similarity():
+    items = np.array([[1, 0], [0.8, 0.6], [0, 1]], dtype=np.float32)
+    queries = np.array([[0, 1], [1, 0.1]], dtype=np.float32)
+    assert top_k(queries, items, 2).tolist() == [[2, 1], [0, 1]]
+
+
+def test_hint_index_caches_on_disk_keyed_by_k(tmp_path):
+    vocab = {"animals": ["cat", "dog", "eagle"], "tools": ["hammer", "saw"]}
+    axes = {"cat": [1, 0, 0], "dog": [0.9, 0.1, 0], "eagle": [0, 1, 0], "hammer": [0, 0, 1],
+            "saw": [0, 0.2, 0.9], "my cat": [1, 0, 0.1], "a bird and a saw": [0, 0.7, 0.7]}
+    calls = []
+
+    def encoder(texts, is_query):
+        calls.append((tuple(texts), is_query))
+        vectors = np.array([axes[t] for t in texts], dtype=np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    def index(k):
+        return HintIndex("demo", vocab, k, "fake", tmp_path, "key", encoder=encoder)
+
+    first = index(2)
+    assert first.ensure(["my cat", "a bird and a saw"]) == 2
+    assert first.get("my cat") == {"animals": ["cat", "dog"], "tools": ["hammer", "saw"]}
+    assert first.path.is_file() and "-k2" in first.path.name
+    n_calls = len(calls)
+    second = index(2)  # a new process would find everything on disk
+    assert second.get("a bird and a saw")["animals"][0] == "eagle"
+    assert second.ensure(["my cat"]) == 0 and len(calls) == n_calls
+    third = index(1)  # another k: another cache file, vocabulary embeddings reused
+    assert third.path != first.path
+    assert third.get("my cat") == {"animals": ["cat"], "tools": ["hammer"]}
+    assert all(is_query for _, is_query in calls[n_calls:])
+
+
+def test_minilm_hints_on_the_conll_sample(tmp_path):
+    """The offline embedder finds the sentence's own spans among the nearest ones."""
+    cfg = compose_config(["task=conll", "data.dir=null", f"cache_dir={tmp_path}",
+                          "task.num_hints=3"])
+    task = load_task(cfg)
+    example = next(ex for ex in task.splits().test_pool if "Tarvik" in ex.input)
+    hints = task.hints(example)
+    assert set(hints) == {"person", "organization", "location", "misc"}
+    assert all(len(spans) == 3 for spans in hints.values())
+    assert "Tarvik" in hints["location"]
+    assert "Helios Air" in hints["organization"]
+    assert (tmp_path / "embedders" / "all-MiniLM-L6-v2" / "modules.json").is_file()
+    assert task.hint_index.path.is_file()
