@@ -1,0 +1,256 @@
+"""The three tasks on the bundled samples: schema, prompts, grammar, parsing and scoring."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from grammarrl.chat import encode_prompt
+from grammarrl.models import load_tokenizer
+from grammarrl.tasks import load_task
+from grammarrl.tasks.conll import FIELDS, bio_spans
+from grammarrl.tasks.gloss import suffix_form
+from grammarrl.tasks.grammar_check import GrammarChecker, grammar_accepts
+from tests.conftest import compose_config
+
+TASKS = ("gloss", "wos", "conll")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cache_dir):
+    """The SmolLM2 tokenizer (model=tiny uses it)."""
+    return load_tokenizer(compose_config(["model=tiny"]).model, cache_dir)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {name: load_task(compose_config([f"task={name}", "data.dir=null"])) for name in TASKS}
+
+
+# ----- normalisation ---------------------------------------------------------------------
+def test_gloss_suffix_form_and_typo_fixes():
+    assert suffix_form("DESC-GOOD") == "GOOD-DESC"
+    assert suffix_form("X-IT") == "IT-X"
+    assert suffix_form("X-Y") == "Y-X"
+    assert suffix_form("DESC-N") == "THAN-DESC"
+    assert suffix_form("DESC-RE") == "THERE-DESC"
+    assert suffix_form("DESC-REFORE") == "THEREFORE-DESC"
+    assert suffix_form("-LRB-") == "-LRB-" and suffix_form("SELF") == "SELF"
+
+
+def test_bio_spans_handles_iob2_and_iob1_starts():
+    tokens = ["New", "York", "and", "Paris", "Ann", "Lee", "Bob"]
+    tags = ["B-LOC", "I-LOC", "O", "I-LOC", "B-PER", "I-PER", "B-PER"]
+    assert bio_spans(tokens, tags) == [("LOC", "New York"), ("LOC", "Paris"),
+                                       ("PER", "Ann Lee"), ("PER", "Bob")]
+
+
+def test_canonical_targets(tasks):
+    for ex in tasks["gloss"].corpus["train"]:
+        assert ex.target == " ".join(ex.target.split()) and ex.target.isupper()
+    for ex in tasks["wos"].corpus["all"]:
+        assert re.fullmatch(r'\{"parent": "[^"]+", "child": "[^"]+"\}', ex.target), ex.target
+    for ex in tasks["conll"].corpus["train"]:
+        value = json.loads(ex.target)
+        assert tuple(value) == FIELDS and ex.target == json.dumps(value)
+    first = tasks["conll"].corpus["train"][0]
+    assert first.input == "Maria Olsen opened the new Nordvik Bank branch in Bergen on Monday ."
+    assert first.target == ('{"person": "Maria Olsen", "organization": "Nordvik Bank", '
+                            '"location": "Bergen", "misc": ""}')
+
+
+def test_conll_drops_and_counts_unwritable_and_entityless_rows(tasks):
+    skipped = tasks["conll"].splits().skipped
+    assert skipped["unwritable_span"] == 1  # the sample's 'Peter " The Hammer " Stone'
+    assert skipped["no_entity"] == 6
+    inputs = {ex.input for pool in tasks["conll"].corpus.values() for ex in pool}
+    assert not any("Hammer" in text for text in inputs)
+
+
+def test_vocabularies(tasks):
+    gloss = tasks["gloss"]
+    assert "THAN-DESC" in gloss.vocabulary and "DESC-N" not in gloss.vocabulary
+    assert gloss.vocab_size() == len(set(gloss.vocabulary))
+    assert tasks["wos"].vocab_size() == 145
+    conll = tasks["conll"].vocabulary
+    assert "Port Kessel" in conll["location"] and "Port Kessel" not in conll["person"]
+
+
+# ----- few-shot demonstrations ------------------------------------------------------------
+def test_fewshot_is_fixed_and_representative(tasks):
+    gloss = tasks["gloss"].splits().fewshot
+    assert len(gloss) == 20
+    words = [set(ex.input.lower().split()) for ex in gloss]
+    for i in range(len(words)):
+        for j in range(i):
+            assert len(words[i] & words[j]) < 0.5 * min(len(words[i]), len(words[j]))
+    conll = [json.loads(ex.target) for ex in tasks["conll"].splits().fewshot]
+    assert len(conll) == 10
+    assert all(any(record[f] for record in conll) for f in FIELDS), "every type appears"
+    assert all(any(not v for v in record.values()) for record in conll), "some fields empty"
+    assert len(tasks["wos"].splits().fewshot) == 1
+    again = load_task(compose_config(["task=conll", "data.dir=null"])).splits().fewshot
+    assert again == tasks["conll"].splits().fewshot
+
+
+# ----- prompts ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", TASKS)
+def test_forward_and_reverse_prompts(tasks, name):
+    task = tasks[name]
+    example = task.splits().test_pool[0]
+    forward = task.forward_messages(example)
+    k = len(task.splits().fewshot)
+    assert [m["role"] for m in forward] == ["system"] + ["user", "assistant"] * k + ["user"]
+    assert forward[-1]["content"] == example.input
+    system = forward[0]["content"]
+    assert system.startswith(task.instruction) and system.endswith(task.output_format)
+    for i, demo in enumerate(task.splits().fewshot):
+        assert forward[1 + 2 * i]["content"] == demo.input
+        assert forward[2 + 2 * i]["content"] == demo.target
+
+    candidate = task.splits().test_pool[1].target
+    reverse = task.reverse_messages(candidate)
+    assert reverse[0] == {"role": "system", "content": task.inverse_instruction}
+    assert [m["role"] for m in reverse] == [m["role"] for m in forward]
+    for i in range(k):  # the same demonstrations, swapped
+        assert reverse[1 + 2 * i]["content"] == forward[2 + 2 * i]["content"]
+        assert reverse[2 + 2 * i]["content"] == forward[1 + 2 * i]["content"]
+    assert reverse[-1] == {"role": "user", "content": candidate}
+
+
+def test_context_blocks(tasks):
+    gloss, conll, wos = tasks["gloss"], tasks["conll"], tasks["wos"]
+    example = gloss.splits().test_pool[0]
+    block = gloss.context(example)
+    assert block.startswith("Similar gloss terms: ")
+    terms = block.removeprefix("Similar gloss terms: ").split(" ")
+    assert len(terms) == min(50, gloss.vocab_size()) and set(terms) <= set(gloss.vocabulary)
+    lines = conll.context(conll.splits().test_pool[0]).splitlines()
+    assert lines[0] == "Similar entity spans:"
+    assert [line.split(":")[0] for line in lines[1:]] == list(FIELDS)
+    hierarchy = wos.context(wos.splits().test_pool[0])
+    assert "CS: Symbolic computation; Computer vision;" in hierarchy
+    assert len(hierarchy.splitlines()) == 1 + 7
+    for task in tasks.values():  # the reverse prompt carries no hints / hierarchy
+        reverse_text = json.dumps(task.reverse_messages("x"))
+        assert "Similar" not in reverse_text and "Label hierarchy" not in reverse_text
+
+
+def test_no_hints_when_num_hints_is_zero():
+    task = load_task(compose_config(["task=conll", "data.dir=null", "task.num_hints=0"]))
+    system = task.forward_messages(task.splits().dev[0])[0]["content"]
+    assert system == f"{task.instruction}\n\n{task.output_format}"
+
+
+def test_prompts_render_with_the_chat_template(tasks, tokenizer):
+    task = tasks["conll"]
+    ids = encode_prompt(tokenizer, task.forward_messages(task.splits().dev[0]))
+    text = tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\nExtract named entities")
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+# ----- grammar ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", TASKS)
+def test_grammar_accepts_every_gold_output(tasks, tokenizer, name):
+    task = tasks[name]
+    checker = GrammarChecker(task.grammar(), tokenizer)
+    golds = [ex.target for pool in task.corpus.values() for ex in pool]
+    assert golds and checker.rejected(golds) == []
+    print(f"{name}: {len(golds)}/{len(golds)} sample gold outputs accepted")
+
+
+NEAR_MISSES = {
+    "gloss": [
+        "COMMITTEE WILL MEET FOOBARTERM .",   # unknown term
+        "COMMITTEE  WILL MEET .",             # double space
+        " COMMITTEE WILL MEET .",             # leading space
+        "COMMITTEE WILL MEET . ",             # trailing space
+        "committee WILL MEET .",              # not the vocabulary's spelling
+        "DESC-AGAIN COMMITTEE",               # prefix form instead of the suffix form
+    ],
+    "wos": [
+        '{"parent": "CS", "child": "Diabetes"}',              # child under the wrong parent
+        '{"child": "Machine learning", "parent": "CS"}',      # keys out of order
+        '{"parent":"CS","child":"Machine learning"}',         # not the canonical separators
+        '{"parent": "CS", "child": "Deep learning"}',         # unknown child
+        '{"parent": "cs", "child": "Machine learning"}',      # unknown parent
+    ],
+    "conll": [
+        '{"organization": "", "person": "", "location": "Bergen", "misc": ""}',   # key order
+        '{"person": "", "organization": "", "location": "Atlantis", "misc": ""}',  # unknown span
+        '{"person": "Bergen", "organization": "", "location": "", "misc": ""}',   # wrong type
+        '{"person": "", "organization": "", "location": "Bergen"}',               # missing key
+        '{"person": "", "organization": "", "location": "Bergen", "misc": ""} ',  # trailing
+    ],
+}
+VALID = {
+    "gloss": "COMMITTEE WILL MEET AGAIN-DESC .",
+    "wos": '{"parent": "CS", "child": "Machine learning"}',
+    "conll": '{"person": "", "organization": "", "location": "Bergen", "misc": ""}',
+}
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_grammar_rejects_near_misses(tasks, tokenizer, name):
+    task = tasks[name]
+    checker = GrammarChecker(task.grammar(), tokenizer)
+    assert checker.accepts(VALID[name])
+    assert checker.rejected(NEAR_MISSES[name]) == NEAR_MISSES[name]
+    assert task.try_parse(VALID[name]) is not None
+    for text in NEAR_MISSES[name][:2]:  # the parser agrees with the grammar
+        assert task.try_parse(text) is None
+
+
+def test_grammar_keeps_separators_inside_terminals(tasks):
+    assert 'SPACED_TERM: " " TERM' in tasks["gloss"].grammar()
+    assert 'PERSON: " \\"\\""' in tasks["conll"].grammar()
+    assert re.search(r"^start: .* path ", tasks["wos"].grammar(), re.M)
+
+
+def test_grammar_escapes_json_strings(tokenizer):
+    lark = 'start: VALUE\nVALUE: ' + json.dumps(json.dumps('a "quoted" \\ word')) + "\n"
+    assert grammar_accepts(lark, tokenizer, json.dumps('a "quoted" \\ word'))
+    assert not grammar_accepts(lark, tokenizer, '"a "quoted" \\ word"')
+
+
+# ----- parsing and scoring ---------------------------------------------------------------
+@pytest.mark.parametrize("name", TASKS)
+def test_gold_scores_perfectly_and_garbage_is_invalid(tasks, name):
+    task = tasks[name]
+    examples = task.splits().test_pool[:6]
+    perfect = task.score([ex.target for ex in examples], examples)
+    assert perfect.metric == task.metric_name
+    assert perfect.value == pytest.approx(1.0) and perfect.validity == 1.0
+    garbage = task.score(["not an output"] + [ex.target for ex in examples[1:]], examples)
+    assert garbage.validity == pytest.approx(5 / 6)
+    assert garbage.per_example[0]["valid"] is False and garbage.value < 1.0
+
+
+def test_conll_score_by_hand(tasks):
+    task = tasks["conll"]
+    examples = [ex for ex in task.splits().test_pool if "Tarvik" in ex.input or "Vienna" in ex.input]
+    assert len(examples) == 2  # Helios Air / Tarvik; Nora Quist / Ostrian / Vienna
+    golds = [json.loads(ex.target) for ex in examples]
+    first = dict(golds[0], location="")                       # one miss: fn 1
+    second = dict(golds[1], person="Lucia Ferri")             # one wrong: fp 1, fn 1
+    scores = task.score([json.dumps(first), json.dumps(second)], examples)
+    tp = sum(bool(v) for g in golds for v in g.values()) - 2
+    assert scores.details["micro"]["tp"] == tp
+    assert (scores.details["micro"]["fp"], scores.details["micro"]["fn"]) == (1, 2)
+    assert scores.value == pytest.approx(2 * tp / (2 * tp + 1 + 2))
+    assert scores.details["person"]["fp"] == 1
+
+
+def test_wos_score_by_hand(tasks):
+    task = tasks["wos"]
+    examples = task.splits().test_pool[:2]
+    parent = json.loads(examples[0].target)["parent"]
+    other_child = next(c for c in task.hierarchy[parent] if c != json.loads(examples[0].target)["child"])
+    preds = [json.dumps({"parent": parent, "child": other_child}), "{}"]
+    scores = task.score(preds, examples)
+    # 1 tp (parent), 1 fp (wrong path), 1 + 2 fn: P = 1/2, R = 1/4.
+    assert scores.value == pytest.approx(2 * 0.5 * 0.25 / 0.75)
+    assert scores.validity == 0.5
