@@ -1,0 +1,8 @@
+"""Grammar-constrained decoding: llguidance matchers over a HF causal LM (greedy, sampling, beam,
+group rollouts), with per-token unconstrained / constrained log-probs and allowed mass."""
+
+from grammarrl.decoding.decoder import ConstrainedDecoder
+from grammarrl.decoding.grammar import CompiledGrammar, GrammarError
+from grammarrl.decoding.types import BeamResult, Generation
+
+__all__ = ["BeamResult", "CompiledGrammar", "ConstrainedDecoder", "Generation", "GrammarError"]

@@ -1,0 +1,62 @@
+"""KV-cache plumbing for batched decoding with transformers' `DynamicCache`.
+
+Each prompt is prefilled once, alone (no padding compute); its cache is then copied into every
+row generated from it (N samples, B beams), left-padded to the longest prompt of the batch.
+Rows are dropped as they finish and reordered when beams are re-ranked; columns that every
+remaining row pads are trimmed away.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+def layer_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of every layer, each [batch, heads, seq, head_dim]."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def assemble(caches: list[DynamicCache], lengths: list[int], repeats: list[int]) -> DynamicCache:
+    """One batched cache: prompt i's cache (batch 1, `lengths[i]` tokens) copied into `repeats[i]`
+    consecutive rows, right-aligned (left padding) to the longest prompt."""
+    width = max(lengths)
+    rows = sum(repeats)
+    per_layer = [layer_tensors(c) for c in caches]
+    data = []
+    for layer_idx in range(len(per_layer[0])):
+        k0, v0 = per_layer[0][layer_idx]
+        keys = k0.new_zeros((rows, k0.shape[1], width, k0.shape[3]))
+        values = v0.new_zeros((rows, v0.shape[1], width, v0.shape[3]))
+        start = 0
+        for prompt_idx, (length, repeat) in enumerate(zip(lengths, repeats)):
+            if repeat == 0:
+                continue
+            k, v = per_layer[prompt_idx][layer_idx]
+            keys[start : start + repeat, :, width - length :] = k
+            values[start : start + repeat, :, width - length :] = v
+            start += repeat
+        data.append((keys, values))
+    return DynamicCache(ddp_cache_data=data)
+
+
+def select_rows(cache: DynamicCache, index: torch.Tensor | None, trim: int) -> None:
+    """Keep rows `index` (None: all, in order; duplicates fork a row) and drop the first `trim`
+    columns (left padding shared by every kept row), in place."""
+    plain = all(type(layer) is DynamicLayer for layer in cache.layers)
+    if not plain:  # sliding-window or other layer types: use the public API, no trimming
+        if index is not None:
+            cache.batch_select_indices(index)
+        return
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        keys, values = layer.keys, layer.values
+        if index is not None:
+            keys = keys.index_select(0, index)
+            values = values.index_select(0, index)
+        if trim > 0:
+            keys = keys[:, :, trim:]
+            values = values[:, :, trim:]
+        layer.keys, layer.values = keys, values

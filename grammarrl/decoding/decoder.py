@@ -1,0 +1,486 @@
+"""The batched grammar-constrained decoder: greedy, sampling, beam search and group rollouts.
+
+One loop serves every mode. Each prompt is prefilled once; every row generated from it (greedy,
+the N samples, the B beams) starts from a copy of that prompt's KV cache. At each step all live
+rows of all prompts go through the model together (one forward), llguidance fills the token
+masks of all rows in parallel, and each row picks its next token by its own rule:
+
+- greedy: arg-max of the masked logits;
+- sample: inverse-CDF draw from softmax(masked logits / T), one uniform per row from the
+  caller's torch.Generator (reproducible, device independent);
+- beam: per prompt, the B best (beam, token) extensions by summed constrained log-prob; the
+  end-of-turn token closes a hypothesis. Matchers are forked (`deep_copy`) and the KV cache
+  rows reordered together.
+
+Finished rows leave the batch (their matchers never see padding). For every generated token the
+decoder records the unconstrained log-prob (full-vocabulary softmax of the raw logits), the
+constrained one (renormalised over the allowed set) and the log of the allowed mass.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from grammarrl.chat import end_of_turn_id
+from grammarrl.decoding.cache import assemble, select_rows
+from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer
+from grammarrl.decoding.types import BeamResult, Generation
+
+log = logging.getLogger(__name__)
+
+GREEDY, SAMPLE, BEAM = 0, 1, 2
+_KIND_NAMES = {GREEDY: "greedy", SAMPLE: "sample", BEAM: "beam"}
+NEG_INF = float("-inf")
+
+
+class _Row:
+    """A live row: one partial output with its matcher and its place in the KV cache."""
+
+    __slots__ = (
+        "index",
+        "kind",
+        "lc",
+        "lm",
+        "lu",
+        "matcher",
+        "pad",
+        "plen",
+        "prompt",
+        "score",
+        "tokens",
+    )
+
+    def __init__(self, prompt: int, kind: int, index: int, matcher: Any, pad: int, plen: int):
+        self.prompt = prompt
+        self.kind = kind
+        self.index = index  # sample number within the prompt
+        self.matcher = matcher
+        self.tokens: list[int] = []
+        self.lu: list[float] = []
+        self.lc: list[float] = []
+        self.lm: list[float] = []
+        self.score = 0.0  # sum of constrained log-probs (the beam score)
+        self.pad = pad  # left-padding columns of this row in the batched cache
+        self.plen = plen  # prompt length: position id of the first generated token
+
+    def child(self, matcher: Any) -> _Row:
+        row = _Row(self.prompt, self.kind, self.index, matcher, self.pad, self.plen)
+        row.tokens = list(self.tokens)
+        row.lu, row.lc, row.lm = list(self.lu), list(self.lc), list(self.lm)
+        row.score = self.score
+        return row
+
+    def push(self, token: int, lu: float, lc: float, lm: float) -> None:
+        self.tokens.append(token)
+        self.lu.append(lu)
+        self.lc.append(lc)
+        self.lm.append(lm)
+        self.score += lc
+
+
+class _BeamGroup:
+    __slots__ = ("finished", "prompt", "result", "width")
+
+    def __init__(self, prompt: int, width: int):
+        self.prompt = prompt
+        self.width = width
+        self.finished: list[Generation] = []  # kept sorted, best first
+        self.result: BeamResult | None = None
+
+
+@dataclass
+class _Outputs:
+    greedy: list[Generation]
+    samples: list[Generation]
+    beam: BeamResult | None
+
+
+class ConstrainedDecoder:
+    """Grammar-constrained decoding over a HF causal LM (optionally a PEFT model).
+
+    `grammar` is a Lark string (the task's Outlines CFG) compiled once. Prompts are token-id
+    lists from `grammarrl.chat.encode_prompt`. Generation stops at the end-of-turn token, which
+    the mask allows only where the grammar accepts, or after `max_new_tokens` (truncated).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        grammar: Any,
+        max_new_tokens: int,
+        stop_token_id: int | None = None,
+    ):
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.stop_token_id = int(
+            end_of_turn_id(tokenizer) if stop_token_id is None else stop_token_id
+        )
+        self.grammar = CompiledGrammar(tokenizer, grammar, self.stop_token_id)
+        self.max_new_tokens = int(max_new_tokens)
+        self._masks: MaskComputer | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def greedy(self, prompts: list[list[int]]) -> list[Generation]:
+        return [o.greedy[0] for o in self._decode(prompts, greedy=True)]
+
+    def sample(
+        self,
+        prompts: list[list[int]],
+        num_samples: int,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> list[list[Generation]]:
+        outs = self._decode(
+            prompts, num_samples=num_samples, temperature=temperature, generator=generator
+        )
+        return [o.samples for o in outs]
+
+    def beam(self, prompts: list[list[int]], beam_width: int) -> list[BeamResult]:
+        return [o.beam for o in self._decode(prompts, beam_width=beam_width)]
+
+    def rollout(
+        self,
+        prompts: list[list[int]],
+        num_samples: int,
+        beam_width: int,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> list[list[Generation]]:
+        """Per prompt: N constrained samples then the constrained beam top-1 (N+1 outputs). The
+        prompt is prefilled once; samples and beams decode together, sharing its KV cache."""
+        outs = self._decode(
+            prompts,
+            num_samples=num_samples,
+            beam_width=beam_width,
+            temperature=temperature,
+            generator=generator,
+        )
+        return [o.samples + [o.beam.top] for o in outs]
+
+    # ------------------------------------------------------------------ internals
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _decode(
+        self,
+        prompts: list[list[int]],
+        greedy: bool = False,
+        num_samples: int = 0,
+        beam_width: int = 0,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> list[_Outputs]:
+        if num_samples < 0 or beam_width < 0:
+            raise ValueError("num_samples and beam_width must be >= 0")
+        if num_samples and not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        prompts = [list(map(int, p)) for p in prompts]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        if not prompts:
+            return []
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                return self._loop(prompts, greedy, num_samples, beam_width, temperature, generator)
+        finally:
+            if was_training:
+                model.train()
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False):
+        kwargs = {"logits_to_keep": 1} if last_only else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[:, -1, :].float(), out.past_key_values
+
+    def _prefill(self, prompt: list[int]) -> tuple[torch.Tensor, DynamicCache]:
+        device = self.device
+        ids = torch.tensor([prompt], dtype=torch.long, device=device)
+        mask = torch.ones_like(ids)
+        positions = torch.arange(len(prompt), device=device).unsqueeze(0)
+        return self._forward(ids, mask, positions, DynamicCache(), last_only=True)
+
+    def _loop(self, prompts, greedy, num_samples, beam_width, temperature, generator):
+        device = self.device
+        stop = self.stop_token_id
+        max_new = self.max_new_tokens
+        grammar = self.grammar
+
+        # Prefill each prompt once; rows of a prompt share (copies of) its cache.
+        first_logits, caches, lengths, repeats = [], [], [], []
+        rows: list[_Row] = []
+        groups: dict[int, _BeamGroup] = {}
+        per_prompt_kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples
+        per_prompt_kinds += [BEAM] if beam_width else []
+        width = max(len(p) for p in prompts)
+        for p, prompt in enumerate(prompts):
+            logits, cache = self._prefill(prompt)
+            first_logits.append(logits.expand(len(per_prompt_kinds), -1))
+            caches.append(cache)
+            lengths.append(len(prompt))
+            repeats.append(len(per_prompt_kinds))
+            for j, kind in enumerate(per_prompt_kinds):
+                index = j - int(greedy)
+                pad = width - len(prompt)
+                rows.append(_Row(p, kind, index, grammar.matcher(), pad, len(prompt)))
+            if beam_width:
+                groups[p] = _BeamGroup(p, beam_width)
+        logits = torch.cat(first_logits, dim=0)
+        cache = assemble(caches, lengths, repeats)
+        del caches
+
+        if self._masks is None or self._masks.width != logits.shape[1]:
+            self._masks = MaskComputer(grammar, logits.shape[1], device)
+        masks = self._masks
+        vocab = logits.shape[1]
+
+        outputs = [_Outputs([], [None] * num_samples, None) for _ in prompts]
+        while rows:
+            allowed = masks.allowed([r.matcher for r in rows])
+            lse_all = torch.logsumexp(logits, dim=-1)
+            masked = logits.masked_fill(~allowed, NEG_INF)
+            lse_allowed = torch.logsumexp(masked, dim=-1)
+
+            greedy_idx = [i for i, r in enumerate(rows) if r.kind == GREEDY]
+            sample_idx = [i for i, r in enumerate(rows) if r.kind == SAMPLE]
+            src_parts, tok_parts, value_parts = [], [], []
+            if greedy_idx:
+                index = torch.tensor(greedy_idx, device=device)
+                src_parts.append(index)
+                tok_parts.append(masked.index_select(0, index).argmax(dim=-1))
+            if sample_idx:
+                index = torch.tensor(sample_idx, device=device)
+                src_parts.append(index)
+                tok_parts.append(_sample(masked.index_select(0, index), temperature, generator))
+            beam_rows: dict[int, list[int]] = {}
+            for i, r in enumerate(rows):
+                if r.kind == BEAM:
+                    beam_rows.setdefault(r.prompt, []).append(i)
+            order = list(beam_rows)
+            if beam_rows:
+                order = list(beam_rows)
+                slots = max(len(v) for v in beam_rows.values())
+                grid = [beam_rows[p] + [-1] * (slots - len(beam_rows[p])) for p in order]
+                grid_t = torch.tensor(grid, device=device)
+                safe = grid_t.clamp(min=0)
+                scores = torch.tensor(
+                    [[rows[i].score if i >= 0 else NEG_INF for i in g] for g in grid],
+                    device=device,
+                    dtype=torch.float32,
+                )
+                lse_safe = torch.where(lse_allowed.isfinite(), lse_allowed, 0.0)  # dead rows
+                logp_c = masked[safe] - lse_safe[safe].unsqueeze(-1)  # [G, slots, V]
+                cand = (scores.unsqueeze(-1) + logp_c).view(len(order), -1)
+                k = min(2 * beam_width, cand.shape[1])
+                values, flat = cand.topk(k, dim=-1)
+                slot = torch.div(flat, vocab, rounding_mode="floor")
+                src_parts.append(safe.gather(1, slot).view(-1))
+                tok_parts.append((flat % vocab).view(-1))
+                value_parts.append(values.view(-1))
+
+            src = torch.cat(src_parts)
+            tok = torch.cat(tok_parts)
+            chosen = logits[src, tok]
+            lu = chosen - lse_all[src]
+            lc = chosen - lse_allowed[src]
+            lm = lse_allowed[src] - lse_all[src]
+            columns = [src.double(), tok.double(), lu.double(), lc.double(), lm.double()]
+            if value_parts:
+                vals = torch.cat(value_parts).double()
+                none = torch.full((len(greedy_idx) + len(sample_idx),), NEG_INF, device=device)
+                columns.append(torch.cat([none.double(), vals]))
+            table = torch.stack(columns, dim=1).tolist()  # the one host sync of the step
+
+            new_rows: list[_Row] = []
+            new_src: list[int] = []
+            n_plain = len(greedy_idx) + len(sample_idx)
+            for entry in table[:n_plain]:
+                i, t = int(entry[0]), int(entry[1])
+                row = rows[i]
+                if entry[4] == NEG_INF:  # no allowed token: the grammar is at a dead end
+                    self._emit(outputs, row, finished=False, truncated=False, error=_dead(row))
+                    continue
+                row.push(t, entry[2], entry[3], entry[4])
+                if t == stop:
+                    self._emit(outputs, row, finished=True, truncated=False)
+                elif not row.matcher.consume_token(t):
+                    self._emit(outputs, row, False, False, error=row.matcher.get_error())
+                elif len(row.tokens) >= max_new:
+                    self._emit(outputs, row, finished=False, truncated=True)
+                else:
+                    new_rows.append(row)
+                    new_src.append(i)
+
+            if beam_rows:
+                per_group = len(table[n_plain:]) // len(order)
+                for g_idx, p in enumerate(order):
+                    entries = table[n_plain + g_idx * per_group : n_plain + (g_idx + 1) * per_group]
+                    self._beam_step(
+                        outputs, groups, p, entries, rows, new_rows, new_src, stop, max_new
+                    )
+
+            if not new_rows:
+                break
+            # Reorder / drop / fork cache rows and trim the padding no row needs any more.
+            trim = min(r.pad for r in new_rows)
+            identity = new_src == list(range(len(rows)))
+            if not identity or trim:
+                index = None if identity else torch.tensor(new_src, device=device)
+                select_rows(cache, index, trim)
+                for r in new_rows:
+                    r.pad -= trim
+            rows = new_rows
+            length = cache.get_seq_length() + 1
+            pads = torch.tensor([r.pad for r in rows], device=device)
+            attention = torch.arange(length, device=device).unsqueeze(0) >= pads.unsqueeze(1)
+            input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
+            positions = torch.tensor([[r.plen + len(r.tokens) - 1] for r in rows], device=device)
+            logits, cache = self._forward(input_ids, attention.long(), positions, cache)
+
+        for group in groups.values():  # groups whose rows all died without a result
+            if group.result is None:
+                self._close_group(outputs, group, [])
+        return outputs
+
+    def _beam_step(self, outputs, groups, p, entries, rows, new_rows, new_src, stop, max_new):
+        group = groups[p]
+        width = group.width
+        extensions = []  # (parent batch index, token, lu, lc, lm, score), best first
+        for rank, entry in enumerate(entries):
+            i, t, lu, lc, lm, value = entry
+            if value == NEG_INF:
+                break
+            i, t = int(i), int(t)
+            if t == stop:
+                if rank < width:
+                    hyp = rows[i].child(None)
+                    hyp.push(t, lu, lc, lm)
+                    _insort(group.finished, self._generation(hyp, True, False))
+                continue
+            extensions.append((i, t, lu, lc, lm, value))
+            if len(extensions) == width:
+                break
+        finished = group.finished
+        if not extensions or (
+            len(finished) >= width and extensions[0][5] <= finished[width - 1].sum_logp_constrained
+        ):
+            self._close_group(outputs, group, [])
+            return
+        # Fork matchers: every child but the last of a parent gets a deep copy, taken before
+        # any child consumes its token.
+        children_left: dict[int, int] = {}
+        for ext in extensions:
+            children_left[ext[0]] = children_left.get(ext[0], 0) + 1
+        children = []
+        for i, t, lu, lc, lm, _ in extensions:
+            parent = rows[i]
+            children_left[i] -= 1
+            matcher = parent.matcher if children_left[i] == 0 else parent.matcher.deep_copy()
+            child = parent.child(matcher)
+            child.push(t, lu, lc, lm)
+            children.append((i, child))
+        live = []
+        for i, child in children:
+            if not child.matcher.consume_token(child.tokens[-1]):
+                log.warning("beam matcher error: %s", child.matcher.get_error())
+                continue
+            live.append((i, child))
+        if not live:
+            self._close_group(outputs, group, [])
+            return
+        if len(live[0][1].tokens) >= max_new:  # all beams have the same length
+            self._close_group(outputs, group, [c for _, c in live])
+            return
+        for i, child in live:
+            new_rows.append(child)
+            new_src.append(i)
+
+    def _close_group(self, outputs, group: _BeamGroup, truncated: list[_Row]) -> None:
+        if group.result is not None:
+            return
+        if group.finished:
+            top = group.finished[0]
+        elif truncated:
+            best = max(truncated, key=lambda r: r.score)
+            top = self._generation(best, finished=False, truncated=True)
+        else:
+            top = Generation([], "", [], [], [], False, False, "beam", error="no beam survived")
+        group.result = BeamResult(top=top, finished=list(group.finished))
+        outputs[group.prompt].beam = group.result
+
+    def _generation(self, row: _Row, finished: bool, truncated: bool, error=None) -> Generation:
+        body = row.tokens[:-1] if finished else row.tokens
+        return Generation(
+            token_ids=list(row.tokens),
+            text=self.grammar.decode(body),
+            logp_unconstrained=list(row.lu),
+            logp_constrained=list(row.lc),
+            log_allowed_mass=list(row.lm),
+            finished=finished,
+            truncated=truncated,
+            kind=_KIND_NAMES[row.kind],
+            error=error,
+        )
+
+    def _emit(self, outputs, row: _Row, finished: bool, truncated: bool, error=None) -> None:
+        if error:
+            log.warning("constrained decoding stopped early: %s", error)
+        gen = self._generation(row, finished, truncated, error)
+        target = outputs[row.prompt]
+        if row.kind == GREEDY:
+            target.greedy.append(gen)
+        else:
+            target.samples[row.index] = gen
+
+
+def _insort(finished: list[Generation], gen: Generation) -> None:
+    """Insert keeping best-first order (stable: earlier hypotheses win ties)."""
+    score = gen.sum_logp_constrained
+    pos = len(finished)
+    while pos > 0 and finished[pos - 1].sum_logp_constrained < score:
+        pos -= 1
+    finished.insert(pos, gen)
+
+
+def _dead(row: _Row) -> str:
+    err = row.matcher.get_error() if row.matcher is not None else ""
+    return err or "the grammar allows no token here (dead end)"
+
+
+def _sample(
+    masked: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """One token per row from softmax(masked / T), by inverse CDF with one uniform per row drawn
+    from `generator` (on its own device, then moved): reproducible on CPU and CUDA alike."""
+    logits = masked if temperature == 1.0 else masked / temperature
+    probs = torch.softmax(logits, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no allowed token (handled by caller)
+    cdf = probs.double().cumsum(dim=-1)
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(masked.shape[0], generator=generator, dtype=torch.float64, device=gen_device)
+    u = u.to(masked.device) * cdf[:, -1]
+    tok = torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1)
+    tok = tok.clamp_max(masked.shape[1] - 1)
+    # Guard against rounding at the top of the CDF: fall back to the last allowed token.
+    ok = probs.gather(1, tok.unsqueeze(1)).squeeze(1) > 0
+    last = (probs > 0).to(torch.int64).cumsum(dim=-1).argmax(dim=-1)
+    return torch.where(ok, tok, last)

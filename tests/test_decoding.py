@@ -1,0 +1,495 @@
+"""The constrained decoder against brute force (no KV cache, fresh matchers) on the `tiny` model."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from types import SimpleNamespace
+
+import llguidance
+import numpy as np
+import pytest
+import torch
+
+from grammarrl.chat import encode_prompt, end_of_turn_id
+from grammarrl.decoding import BeamResult, ConstrainedDecoder, Generation, GrammarError
+from grammarrl.decoding.grammar import ll_tokenizer
+
+COLORS = ["red", "green", "blue", "dark red"]
+# A JSON object with an enum value and a short number.
+JSON_GRAMMAR = r"""
+start: "{\"color\": \"" COLOR "\", \"n\": " NUM "}"
+COLOR: "red" | "green" | "blue" | "dark red"
+NUM: /[0-9]{1,3}/
+"""
+# A word list whose separators live inside the literals (byte-level BPE: "Ġword").
+WORDS_GRAMMAR = r"""
+start: FIRST REST*
+FIRST: "cat" | "dog" | "bird" | "horse"
+REST: " cat" | " dog" | " bird" | " horse"
+"""
+# A small finite language (every tokenization path can be enumerated).
+FINITE_GRAMMAR = r"""
+start: "cat" | "dog" | "bird"
+"""
+
+JSON_RE = re.compile(r'\{"color": "(red|green|blue|dark red)", "n": [0-9]{1,3}\}')
+
+MESSAGES = ["hi", "What colour is the sky on a clear day, and why?", "x y z"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return tiny[0]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    return tiny[1]
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [encode_prompt(tok, [{"role": "user", "content": m}]) for m in MESSAGES]
+
+
+class Sharpened(torch.nn.Module):
+    """The tiny model with logits scaled up: its random logits are nearly uniform otherwise."""
+
+    def __init__(self, inner: torch.nn.Module, scale: float):
+        super().__init__()
+        self.inner = inner
+        self.scale = scale
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        return SimpleNamespace(logits=out.logits * self.scale, past_key_values=out.past_key_values)
+
+
+class WideLogits(torch.nn.Module):
+    """Extra logits columns beyond the tokenizer's vocabulary, made very attractive."""
+
+    def __init__(self, inner: torch.nn.Module, extra: int = 40):
+        super().__init__()
+        self.inner = inner
+        self.extra = extra
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        logits = out.logits
+        pad = torch.full((*logits.shape[:-1], self.extra), 5.0, dtype=logits.dtype)
+        return SimpleNamespace(
+            logits=torch.cat([logits, pad], -1), past_key_values=out.past_key_values
+        )
+
+
+# --------------------------------------------------------------------------- brute force
+
+
+def fresh_matcher(tok, grammar: str) -> llguidance.LLMatcher:
+    """A matcher built straight from llguidance (not through the decoder's CompiledGrammar)."""
+    lt = ll_tokenizer(tok, end_of_turn_id(tok))
+    return llguidance.LLMatcher(lt, llguidance.LLMatcher.grammar_from_lark(grammar))
+
+
+def allowed_mask(matcher, width: int) -> torch.Tensor:
+    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    bits = np.unpackbits(raw, bitorder="little").astype(bool)
+    mask = torch.zeros(width, dtype=torch.bool)
+    n = min(width, bits.size)
+    mask[:n] = torch.from_numpy(bits[:n])
+    return mask
+
+
+@torch.inference_mode()
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    """Next-token logits after `ids`, one forward without any cache."""
+    return model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+
+
+def step_records(logits: torch.Tensor, allowed: torch.Tensor):
+    lse_all = torch.logsumexp(logits, -1)
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    lse_allowed = torch.logsumexp(masked, -1)
+    return masked, lse_all, lse_allowed
+
+
+def brute_greedy(model, tok, grammar, prompt, max_new):
+    stop = end_of_turn_id(tok)
+    matcher = fresh_matcher(tok, grammar)
+    tokens, lu, lc, lm = [], [], [], []
+    for _ in range(max_new):
+        logits = full_logits(model, prompt + tokens)
+        masked, lse_all, lse_allowed = step_records(logits, allowed_mask(matcher, logits.numel()))
+        t = int(masked.argmax())
+        tokens.append(t)
+        lu.append(float(logits[t] - lse_all))
+        lc.append(float(logits[t] - lse_allowed))
+        lm.append(float(lse_allowed - lse_all))
+        if t == stop:
+            break
+        assert matcher.consume_token(t)
+    return tokens, lu, lc, lm
+
+
+def brute_beam(model, tok, grammar, prompt, width, max_new):
+    """Beam search over pi^G, recomputing everything from scratch at every step."""
+    stop = end_of_turn_id(tok)
+    live = [([], 0.0, fresh_matcher(tok, grammar))]
+    finished: list[tuple[float, list[int]]] = []
+    for step in range(max_new):
+        cands = []
+        for b, (tokens, score, matcher) in enumerate(live):
+            logits = full_logits(model, prompt + tokens)
+            masked, _, lse_allowed = step_records(logits, allowed_mask(matcher, logits.numel()))
+            logp = masked - lse_allowed
+            for t in torch.nonzero(torch.isfinite(logp)).flatten().tolist():
+                cands.append((score + float(logp[t]), b, t))
+        cands.sort(key=lambda c: -c[0])
+        new_live = []
+        for rank, (value, b, t) in enumerate(cands[: 2 * width]):
+            tokens, _, matcher = live[b]
+            if t == stop:
+                if rank < width:
+                    finished.append((value, tokens + [t]))
+                continue
+            m = matcher.deep_copy()
+            assert m.consume_token(t)
+            new_live.append((tokens + [t], value, m))
+            if len(new_live) == width:
+                break
+        finished.sort(key=lambda f: -f[0])
+        if not new_live or (len(finished) >= width and new_live[0][1] <= finished[width - 1][0]):
+            return finished, []
+        live = new_live
+        if step + 1 == max_new:
+            return finished, live
+    return finished, live
+
+
+def enumerate_paths(model, tok, grammar, prompt, temperature=1.0, max_depth=12):
+    """Every token path of a finite language with its probability under softmax(masked/T)."""
+    stop = end_of_turn_id(tok)
+    out: dict[tuple[int, ...], float] = {}
+
+    def visit(tokens, matcher, logp):
+        logits = full_logits(model, prompt + tokens)
+        allowed = allowed_mask(matcher, logits.numel())
+        dist = torch.log_softmax((logits / temperature).masked_fill(~allowed, float("-inf")), -1)
+        for t in torch.nonzero(allowed).flatten().tolist():
+            if t == stop:
+                out[tuple(tokens + [t])] = logp + float(dist[t])
+            else:
+                assert len(tokens) < max_depth
+                m = matcher.deep_copy()
+                assert m.consume_token(t)
+                visit(tokens + [t], m, logp + float(dist[t]))
+
+    visit([], fresh_matcher(tok, grammar), 0.0)
+    return out
+
+
+def teacher_forced(model, tok, grammar, prompt, tokens):
+    """Per-token (lu, lc, lm) of `tokens` after `prompt` from ONE forward pass, fresh matcher."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    logits = logits[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+    matcher = fresh_matcher(tok, grammar)
+    lu, lc, lm = [], [], []
+    for i, t in enumerate(tokens):
+        _, lse_all, lse_allowed = step_records(logits[i], allowed_mask(matcher, logits.shape[1]))
+        lu.append(float(logits[i, t] - lse_all))
+        lc.append(float(logits[i, t] - lse_allowed))
+        lm.append(float(lse_allowed - lse_all))
+        if t != end_of_turn_id(tok):
+            assert matcher.consume_token(t)
+    return lu, lc, lm
+
+
+def assert_valid(tok, grammar, gen: Generation, max_new: int):
+    """Finished: accepted by a fresh matcher and ends with the stop token; truncated: a valid
+    prefix of max_new tokens without the stop token."""
+    stop = end_of_turn_id(tok)
+    matcher = fresh_matcher(tok, grammar)
+    if gen.finished:
+        assert gen.token_ids[-1] == stop and stop not in gen.token_ids[:-1]
+        assert matcher.consume_tokens(gen.token_ids[:-1]) and matcher.is_accepting()
+        assert gen.text == tok.decode(gen.token_ids[:-1])
+    else:
+        assert gen.truncated and len(gen.token_ids) == max_new and stop not in gen.token_ids
+        assert matcher.consume_tokens(gen.token_ids)
+    n = len(gen.token_ids)
+    assert (
+        len(gen.logp_unconstrained) == len(gen.logp_constrained) == len(gen.log_allowed_mass) == n
+    )
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_greedy_equals_masked_argmax_without_cache(model, tok, prompts):
+    """Batched, left-padded, cached greedy == step-by-step masked argmax on full recomputation,
+    with the three per-token records."""
+    max_new = 20
+    dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=max_new)
+    gens = dec.greedy(prompts)
+    assert len(gens) == len(prompts)
+    for prompt, gen in zip(prompts, gens):
+        tokens, lu, lc, lm = brute_greedy(model, tok, JSON_GRAMMAR, prompt, max_new)
+        assert gen.kind == "greedy"
+        assert gen.token_ids == tokens
+        assert gen.finished and not gen.truncated
+        np.testing.assert_allclose(gen.logp_unconstrained, lu, atol=2e-4)
+        np.testing.assert_allclose(gen.logp_constrained, lc, atol=2e-4)
+        np.testing.assert_allclose(gen.log_allowed_mass, lm, atol=2e-4)
+        assert json.loads(gen.text)["color"] in COLORS
+
+
+def test_greedy_is_independent_of_batch_composition(model, tok, prompts):
+    dec = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=12)
+    together = dec.greedy(prompts)
+    alone = [dec.greedy([p])[0] for p in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+
+
+def test_beam_width_one_equals_greedy(model, tok, prompts):
+    for grammar, max_new in ((JSON_GRAMMAR, 20), (WORDS_GRAMMAR, 10)):
+        dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=max_new)
+        greedy = dec.greedy(prompts)
+        beams = dec.beam(prompts, beam_width=1)
+        for g, b in zip(greedy, beams):
+            assert isinstance(b, BeamResult)
+            assert b.top.kind == "beam"
+            assert b.top.token_ids == g.token_ids
+            assert (b.top.finished, b.top.truncated) == (g.finished, g.truncated)
+            assert b.top.sum_logp_constrained == pytest.approx(g.sum_logp_constrained, abs=1e-4)
+
+
+def test_beam_matches_brute_force_beam_search(model, tok, prompts):
+    """Forked matchers and reordered KV cache rows give the same search as recomputation."""
+    width, max_new = 3, 16
+    dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=max_new)
+    results = dec.beam(prompts[:2], beam_width=width)
+    for prompt, res in zip(prompts[:2], results):
+        finished, _ = brute_beam(model, tok, JSON_GRAMMAR, prompt, width, max_new)
+        assert [g.token_ids for g in res.finished] == [f[1] for f in finished]
+        np.testing.assert_allclose(
+            [g.sum_logp_constrained for g in res.finished], [f[0] for f in finished], atol=1e-3
+        )
+        assert res.top.token_ids == finished[0][1]
+        scores = [g.sum_logp_constrained for g in res.finished]
+        assert scores == sorted(scores, reverse=True)
+        for g in res.finished:
+            assert g.finished and g.kind == "beam"
+            assert_valid(tok, JSON_GRAMMAR, g, max_new)
+
+
+def test_beam_top_scores_at_least_greedy(model, tok, prompts):
+    """A beam wide enough to be exhaustive on a finite language finds the exact best path, which
+    scores at least greedy's; the narrow beams of the same search are checked on the JSON
+    grammar below."""
+    max_new = 8
+    dec = ConstrainedDecoder(model, tok, FINITE_GRAMMAR, max_new_tokens=max_new)
+    for prompt in prompts[:2]:
+        paths = enumerate_paths(model, tok, FINITE_GRAMMAR, prompt)
+        best_path, best = max(paths.items(), key=lambda kv: kv[1])
+        res = dec.beam([prompt], beam_width=len(paths))[0]
+        greedy = dec.greedy([prompt])[0]
+        assert res.top.token_ids == list(best_path)
+        assert res.top.sum_logp_constrained == pytest.approx(best, abs=1e-4)
+        assert res.top.sum_logp_constrained >= greedy.sum_logp_constrained - 1e-5
+        assert len(res.finished) == len(paths)  # every path ended in the search
+    # Narrow beams over a larger language: not a theorem, but a check that beams do search.
+    dec = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=6)
+    greedy = dec.greedy(prompts)
+    for width in (3, 5):
+        for g, b in zip(greedy, dec.beam(prompts, beam_width=width)):
+            assert b.top.sum_logp_constrained >= g.sum_logp_constrained - 1e-5
+
+
+def test_recorded_logprobs_equal_teacher_forcing(model, tok, prompts):
+    max_new = 14
+    dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=max_new)
+    gen = torch.Generator().manual_seed(3)
+    groups = dec.rollout(prompts, num_samples=3, beam_width=2, generator=gen)
+    for prompt, group in zip(prompts, groups):
+        assert [g.kind for g in group] == ["sample"] * 3 + ["beam"]
+        for g in group:
+            lu, lc, lm = teacher_forced(model, tok, JSON_GRAMMAR, prompt, g.token_ids)
+            np.testing.assert_allclose(g.logp_unconstrained, lu, atol=2e-4)
+            np.testing.assert_allclose(g.logp_constrained, lc, atol=2e-4)
+            np.testing.assert_allclose(g.log_allowed_mass, lm, atol=2e-4)
+            np.testing.assert_allclose(
+                np.array(g.logp_constrained), np.array(lu) - np.array(lm), atol=2e-4
+            )
+            assert g.sum_logp_unconstrained == pytest.approx(sum(lu), abs=1e-3)
+
+
+def chi_square_p(counts, probs, n):
+    """p-value of observed path counts against path probabilities (rare paths grouped)."""
+    from scipy.stats import chisquare
+
+    common = [p for p in probs if probs[p] * n >= 5]
+    observed = [counts.get(p, 0) for p in common]
+    expected = [probs[p] * n for p in common]
+    rest_obs, rest_exp = n - sum(observed), n - sum(expected)
+    if rest_exp >= 5:
+        observed.append(rest_obs)
+        expected.append(rest_exp)
+    assert len(observed) >= 3
+    expected = np.array(expected) * sum(observed) / sum(expected)
+    return chisquare(observed, expected).pvalue
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_samples_follow_the_masked_softmax(model, tok, prompts, temperature):
+    """Chi-square goodness of fit of sampled token paths against the exact path distribution
+    under softmax(masked logits / T), enumerated by brute force; the same test rejects the
+    distribution of the other temperature (so it has power)."""
+    pytest.importorskip("scipy.stats")
+    sharp = Sharpened(model, scale=12.0)
+    prompt = prompts[1]
+    paths = enumerate_paths(sharp, tok, FINITE_GRAMMAR, prompt, temperature=temperature)
+    probs = {p: math.exp(lp) for p, lp in paths.items()}
+    assert sum(probs.values()) == pytest.approx(1.0, abs=1e-4)
+    assert max(probs.values()) < 0.9  # a non-trivial distribution
+
+    dec = ConstrainedDecoder(sharp, tok, FINITE_GRAMMAR, max_new_tokens=8)
+    generator = torch.Generator().manual_seed(11)
+    samples = [
+        s
+        for _ in range(3)
+        for s in dec.sample([prompt], 500, temperature=temperature, generator=generator)[0]
+    ]
+    n = len(samples)
+    counts: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        assert s.finished and s.kind == "sample"
+        counts[tuple(s.token_ids)] = counts.get(tuple(s.token_ids), 0) + 1
+    assert set(counts) <= set(paths)
+    assert chi_square_p(counts, probs, n) > 1e-3
+
+    other_t = 0.6 if temperature == 1.0 else 1.0
+    other = enumerate_paths(sharp, tok, FINITE_GRAMMAR, prompt, temperature=other_t)
+    assert chi_square_p(counts, {p: math.exp(lp) for p, lp in other.items()}, n) < 1e-6
+
+    # The recorded constrained log-probs are at temperature 1, whatever T sampled them.
+    at_one = paths if temperature == 1.0 else other
+    for s in samples[:20]:
+        assert s.sum_logp_constrained == pytest.approx(at_one[tuple(s.token_ids)], abs=1e-4)
+
+
+def test_sampling_is_reproducible_and_rollout_shares_the_prompt(model, tok, prompts):
+    dec = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=10)
+
+    def run(seed):
+        return dec.sample(prompts, 4, generator=torch.Generator().manual_seed(seed))
+
+    a, b, c = run(5), run(5), run(6)
+    ids = lambda groups: [[g.token_ids for g in grp] for grp in groups]
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+    assert all(len(grp) == 4 for grp in a)
+    assert len({tuple(g.token_ids) for g in a[0]}) > 1  # the samples of a prompt differ
+
+    # Rollout: the same samples as sample() with the same seed, then the beam top-1; each
+    # prompt prefilled exactly once (count forward calls with more than one input token).
+    prefills = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: prefills.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        groups = dec.rollout(
+            prompts, num_samples=4, beam_width=3, generator=torch.Generator().manual_seed(5)
+        )
+    finally:
+        hook.remove()
+    long_calls = [s for s in prefills if s[1] > 1]
+    assert len(long_calls) == len(prompts)
+    assert all(s[0] == 1 for s in long_calls)
+    beams = dec.beam(prompts, beam_width=3)
+    for grp, samples, beam in zip(groups, a, beams):
+        assert len(grp) == 5
+        assert [g.token_ids for g in grp[:4]] == [g.token_ids for g in samples]
+        assert grp[4].kind == "beam" and grp[4].token_ids == beam.top.token_ids
+
+
+def test_truncation_and_end_of_turn_only_where_accepting(model, tok, prompts):
+    stop = end_of_turn_id(tok)
+    dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=6)  # too short to close
+    for g in dec.greedy(prompts) + [s for grp in dec.sample(prompts, 3) for s in grp]:
+        assert g.truncated and not g.finished
+        assert len(g.token_ids) == 6 and stop not in g.token_ids
+        assert_valid(tok, JSON_GRAMMAR, g, 6)
+    beams = dec.beam(prompts, beam_width=2)
+    for b in beams:
+        assert b.top.truncated and not b.top.finished and b.finished == []
+
+
+def test_random_model_outputs_are_valid(model, tok, prompts):
+    max_new = 16
+    for grammar in (JSON_GRAMMAR, WORDS_GRAMMAR, FINITE_GRAMMAR):
+        dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=max_new)
+        groups = dec.rollout(
+            prompts, num_samples=40, beam_width=3, generator=torch.Generator().manual_seed(0)
+        )
+        gens = [g for grp in groups for g in grp] + dec.greedy(prompts)
+        assert len(gens) >= 120
+        for g in gens:
+            assert_valid(tok, grammar, g, max_new)
+        finished = [g for g in gens if g.finished]
+        assert len(finished) >= len(gens) // 4  # the word list may run past max_new_tokens
+        if grammar == JSON_GRAMMAR:  # NUM may have leading zeros: not JSON, check by regex
+            for g in finished:
+                assert JSON_RE.fullmatch(g.text), g.text
+
+
+def test_logits_wider_than_the_vocabulary(model, tok, prompts):
+    """Extra logits columns (padded embeddings) are never generated, but they are part of the
+    full-vocabulary softmax of the unconstrained log-probs."""
+    wide = WideLogits(model)
+    dec = ConstrainedDecoder(wide, tok, JSON_GRAMMAR, max_new_tokens=20)
+    vocab = len(tok)
+    gens = dec.greedy(prompts) + [s for grp in dec.sample(prompts, 5) for s in grp]
+    for g in gens:
+        assert max(g.token_ids) < vocab
+        assert_valid(tok, JSON_GRAMMAR, g, 20)
+    g = gens[0]
+    lu_wide, _, _ = teacher_forced(wide, tok, JSON_GRAMMAR, prompts[0], g.token_ids)
+    lu_narrow, lc_narrow, _ = teacher_forced(model, tok, JSON_GRAMMAR, prompts[0], g.token_ids)
+    np.testing.assert_allclose(g.logp_unconstrained, lu_wide, atol=2e-4)
+    np.testing.assert_allclose(g.logp_constrained, lc_narrow, atol=2e-4)
+    assert min(np.array(lu_narrow) - np.array(lu_wide)) > 0.05
+
+
+def test_peft_model_and_training_mode(model, tok, prompts):
+    import copy
+
+    from grammarrl.models import add_lora
+    from tests.conftest import compose_config
+
+    cfg = compose_config(["model=tiny"])
+
+    peft_model = add_lora(copy.deepcopy(model), cfg.lora)
+    with torch.no_grad():  # a non-trivial adapter
+        gen = torch.Generator().manual_seed(0)
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+    peft_model.train()  # dropout on: the decoder must switch it off and restore the mode
+    dec = ConstrainedDecoder(peft_model, tok, JSON_GRAMMAR, max_new_tokens=20)
+    gens = dec.greedy(prompts)
+    assert peft_model.training
+    peft_model.eval()
+    base = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20).greedy(prompts)
+    assert [g.token_ids for g in gens] != [g.token_ids for g in base]  # the adapter matters
+    for prompt, g in zip(prompts, gens):
+        tokens, lu, _, _ = brute_greedy(peft_model, tok, JSON_GRAMMAR, prompt, 20)
+        assert g.token_ids == tokens
+        np.testing.assert_allclose(g.logp_unconstrained, lu, atol=2e-4)
+
+
+def test_bad_grammar_is_a_clear_error(model, tok):
+    with pytest.raises(GrammarError, match="grammar"):
+        ConstrainedDecoder(model, tok, "start: undefined_rule", max_new_tokens=4)
