@@ -5,8 +5,8 @@ Invalid (unparseable) predictions are passed in as `None` and score as empty out
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)

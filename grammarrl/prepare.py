@@ -28,8 +28,12 @@ def run_prepare(cfg: DictConfig) -> dict[str, Any]:
     started = time.perf_counter()
     task = load_task(cfg)
     splits = task.splits()
-    sizes = {"train": len(splits.train), "dev": len(splits.dev), "fewshot": len(splits.fewshot),
-             "test_pool": len(splits.test_pool)}
+    sizes = {
+        "train": len(splits.train),
+        "dev": len(splits.dev),
+        "fewshot": len(splits.fewshot),
+        "test_pool": len(splits.test_pool),
+    }
     source = getattr(task, "root", None) or f"hub ({cfg.data.source})"
     print(f"task {task.name}: data from {source}")
     print(f"  splits: {', '.join(f'{name} {size}' for name, size in sizes.items())}")
@@ -47,8 +51,10 @@ def run_prepare(cfg: DictConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model, cfg.cache_dir)
     compile_start = time.perf_counter()
     checker = GrammarChecker(grammar, tokenizer)
-    print(f"  grammar: {len(grammar):,} characters, compiled in "
-          f"{time.perf_counter() - compile_start:.2f} s, written to {grammar_file}")
+    print(
+        f"  grammar: {len(grammar):,} characters, compiled in "
+        f"{time.perf_counter() - compile_start:.2f} s, written to {grammar_file}"
+    )
 
     golds = [ex.target for pool in task.corpus.values() for ex in pool]
     rejected = set(checker.rejected(golds))
@@ -60,7 +66,13 @@ def run_prepare(cfg: DictConfig) -> dict[str, Any]:
     print(f"  rows left out: {skipped or 'none'}")
     print(f"  done in {time.perf_counter() - started:.1f} s")
 
-    summary = {"task": task.name, "splits": sizes, "vocab_size": task.vocab_size(),
-               "gold_accepted": accepted, "gold_total": len(golds), "skipped_rows": skipped}
+    summary = {
+        "task": task.name,
+        "splits": sizes,
+        "vocab_size": task.vocab_size(),
+        "gold_accepted": accepted,
+        "gold_total": len(golds),
+        "skipped_rows": skipped,
+    }
     print(json.dumps(summary))
     return summary

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.conftest import compose_config
 
 from grammarrl.data.hints import HintIndex, top_k
 from grammarrl.data.sources import SAMPLES_DIR, data_root
@@ -17,6 +15,7 @@ from grammarrl.data.splits import partition
 from grammarrl.errors import DataError
 from grammarrl.tasks import load_task
 from grammarrl.tasks.base import Example
+from tests.conftest import compose_config
 
 TASKS = ("gloss", "wos", "conll")
 
@@ -82,11 +81,16 @@ def test_wos_bad_rows_are_skipped_with_file_and_line(copy_samples, caplog):
         task = task_on("wos", copy_samples)
         corpus = task.corpus
     assert sum(map(len, corpus.values())) == len(good)
-    assert task.skips.as_dict() == {"empty_text": 1, "label_outside_hierarchy": 1,
-                                    "malformed_json": 1, "missing_field": 1}
+    assert task.skips.as_dict() == {
+        "empty_text": 1,
+        "label_outside_hierarchy": 1,
+        "malformed_json": 1,
+        "missing_field": 1,
+    }
     n = len(good)
-    for offset, reason in enumerate(["missing_field", "empty_text", "label_outside_hierarchy",
-                                     "malformed_json"], start=1):
+    for offset, reason in enumerate(
+        ["missing_field", "empty_text", "label_outside_hierarchy", "malformed_json"], start=1
+    ):
         assert f"wos_labelled.jsonl:{n + offset}: row skipped ({reason})" in caplog.text
     assert task.splits().skipped["label_outside_hierarchy"] == 1
 
@@ -116,8 +120,12 @@ def test_gloss_empty_line_and_conll_bad_tag_are_skipped(copy_samples, caplog):
 @pytest.mark.parametrize("name", TASKS)
 def test_splits_are_disjoint_and_deterministic(name):
     splits = task_on(name, None).splits()
-    parts = {"train": splits.train, "dev": splits.dev, "fewshot": splits.fewshot,
-             "test": splits.test_pool}
+    parts = {
+        "train": splits.train,
+        "dev": splits.dev,
+        "fewshot": splits.fewshot,
+        "test": splits.test_pool,
+    }
     inputs = {key: {ex.input for ex in part} for key, part in parts.items()}
     for a in parts:
         for b in parts:
@@ -166,8 +174,15 @@ def test_top_k_orders_by_similarity():
 
 def test_hint_index_caches_on_disk_keyed_by_k(tmp_path):
     vocab = {"animals": ["cat", "dog", "eagle"], "tools": ["hammer", "saw"]}
-    axes = {"cat": [1, 0, 0], "dog": [0.9, 0.1, 0], "eagle": [0, 1, 0], "hammer": [0, 0, 1],
-            "saw": [0, 0.2, 0.9], "my cat": [1, 0, 0.1], "a bird and a saw": [0, 0.7, 0.7]}
+    axes = {
+        "cat": [1, 0, 0],
+        "dog": [0.9, 0.1, 0],
+        "eagle": [0, 1, 0],
+        "hammer": [0, 0, 1],
+        "saw": [0, 0.2, 0.9],
+        "my cat": [1, 0, 0.1],
+        "a bird and a saw": [0, 0.7, 0.7],
+    }
     calls = []
 
     def encoder(texts, is_query):
@@ -194,8 +209,9 @@ def test_hint_index_caches_on_disk_keyed_by_k(tmp_path):
 
 def test_minilm_hints_on_the_conll_sample(tmp_path):
     """The offline embedder finds the sentence's own spans among the nearest ones."""
-    cfg = compose_config(["task=conll", "data.dir=null", f"cache_dir={tmp_path}",
-                          "task.num_hints=3"])
+    cfg = compose_config(
+        ["task=conll", "data.dir=null", f"cache_dir={tmp_path}", "task.num_hints=3"]
+    )
     task = load_task(cfg)
     example = next(ex for ex in task.splits().test_pool if "Tarvik" in ex.input)
     hints = task.hints(example)
@@ -205,3 +221,35 @@ def test_minilm_hints_on_the_conll_sample(tmp_path):
     assert "Helios Air" in hints["organization"]
     assert (tmp_path / "embedders" / "all-MiniLM-L6-v2" / "modules.json").is_file()
     assert task.hint_index.path.is_file()
+
+
+# ----- hub source (offline: the hub call is replaced by a small fake) ---------------------
+class _FakeSplit(list):
+    def __init__(self, rows, names=None):
+        super().__init__(rows)
+        feature = type("F", (), {"names": names})()
+        self.features = {"ner_tags": type("S", (), {"feature": feature})()}
+
+
+def test_hub_rows_become_examples(monkeypatch):
+    from grammarrl.data import hub
+
+    names = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+    sentence = {"tokens": ["Ann", "Lee", "visits", "Oslo", "."], "ner_tags": [1, 2, 0, 5, 0]}
+    conll = {split: _FakeSplit([sentence], names) for split in ("train", "validation", "test")}
+    gloss = _FakeSplit(
+        [{"text": f"we meet on day {i} .", "gloss": f"X-WE MEET ON DAY {i} ."} for i in range(5000)]
+    )
+    monkeypatch.setattr(hub, "_load", lambda name, **kw: conll if "conll" in name else gloss)
+
+    task = load_task(compose_config(["task=conll", "data.source=hub"]))
+    assert task.corpus["test"][0].target == (
+        '{"person": "Ann Lee", "organization": "", "location": "Oslo", "misc": ""}'
+    )
+    assert task.corpus["test"][0].uid == "eriktks/conll2003:test:0"
+    gloss_task = load_task(compose_config(["task=gloss", "data.source=hub"]))
+    sizes = {split: len(pool) for split, pool in gloss_task.corpus.items()}
+    assert sizes == {"train": 5000 - 2045 - 2046, "dev": 2045, "test": 2046}
+    assert gloss_task.corpus["dev"][0].target.startswith("WE-X MEET ON DAY")
+    with pytest.raises(DataError, match="WoS label names"):
+        load_task(compose_config(["task=wos", "data.source=hub"])).splits()

@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from grammarrl.metrics import PRF, corpus_bleu, entity_prf, field_prf, hierarchical_prf, validity_rate
+from grammarrl.metrics import (
+    PRF,
+    corpus_bleu,
+    entity_prf,
+    field_prf,
+    hierarchical_prf,
+    validity_rate,
+)
 
 FIELDS = ("person", "organization", "location", "misc")
 
@@ -33,9 +40,9 @@ def test_corpus_bleu_identity_and_hand_value():
 def test_hierarchical_f1_counts_child_only_under_its_parent():
     golds = [("CS", "Machine learning"), ("Medical", "Depression"), ("ECE", "PID controller")]
     preds = [
-        ("CS", "Machine learning"),      # parent + path right: tp 2
-        ("Psychology", "Depression"),    # same child name, wrong parent: fp 2, fn 2
-        None,                            # invalid: fn 2
+        ("CS", "Machine learning"),  # parent + path right: tp 2
+        ("Psychology", "Depression"),  # same child name, wrong parent: fp 2, fn 2
+        None,  # invalid: fn 2
     ]
     counts = hierarchical_prf(preds, golds)
     assert counts == PRF(tp=2, fp=2, fn=4)

@@ -38,7 +38,12 @@ def test_prepare_from_the_command_line():
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
     result = subprocess.run(
         [sys.executable, "-m", "grammarrl.run", "mode=prepare", "task=wos"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = last_json_line(result.stdout)
@@ -48,9 +53,19 @@ def test_prepare_from_the_command_line():
 
 def test_prepare_with_a_missing_data_dir_fails_clearly(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", "mode=prepare", "task=conll",
-         f"data.dir={tmp_path / 'absent'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "grammarrl.run",
+            "mode=prepare",
+            "task=conll",
+            f"data.dir={tmp_path / 'absent'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 2
     assert "no such directory" in result.stderr + result.stdout

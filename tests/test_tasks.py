@@ -43,8 +43,12 @@ def test_gloss_suffix_form_and_typo_fixes():
 def test_bio_spans_handles_iob2_and_iob1_starts():
     tokens = ["New", "York", "and", "Paris", "Ann", "Lee", "Bob"]
     tags = ["B-LOC", "I-LOC", "O", "I-LOC", "B-PER", "I-PER", "B-PER"]
-    assert bio_spans(tokens, tags) == [("LOC", "New York"), ("LOC", "Paris"),
-                                       ("PER", "Ann Lee"), ("PER", "Bob")]
+    assert bio_spans(tokens, tags) == [
+        ("LOC", "New York"),
+        ("LOC", "Paris"),
+        ("PER", "Ann Lee"),
+        ("PER", "Bob"),
+    ]
 
 
 def test_canonical_targets(tasks):
@@ -57,8 +61,10 @@ def test_canonical_targets(tasks):
         assert tuple(value) == FIELDS and ex.target == json.dumps(value)
     first = tasks["conll"].corpus["train"][0]
     assert first.input == "Maria Olsen opened the new Nordvik Bank branch in Bergen on Monday ."
-    assert first.target == ('{"person": "Maria Olsen", "organization": "Nordvik Bank", '
-                            '"location": "Bergen", "misc": ""}')
+    assert first.target == (
+        '{"person": "Maria Olsen", "organization": "Nordvik Bank", '
+        '"location": "Bergen", "misc": ""}'
+    )
 
 
 def test_conll_drops_and_counts_unwritable_and_entityless_rows(tasks):
@@ -164,25 +170,25 @@ def test_grammar_accepts_every_gold_output(tasks, tokenizer, name):
 
 NEAR_MISSES = {
     "gloss": [
-        "COMMITTEE WILL MEET FOOBARTERM .",   # unknown term
-        "COMMITTEE  WILL MEET .",             # double space
-        " COMMITTEE WILL MEET .",             # leading space
-        "COMMITTEE WILL MEET . ",             # trailing space
-        "committee WILL MEET .",              # not the vocabulary's spelling
-        "DESC-AGAIN COMMITTEE",               # prefix form instead of the suffix form
+        "COMMITTEE WILL MEET FOOBARTERM .",  # unknown term
+        "COMMITTEE  WILL MEET .",  # double space
+        " COMMITTEE WILL MEET .",  # leading space
+        "COMMITTEE WILL MEET . ",  # trailing space
+        "committee WILL MEET .",  # not the vocabulary's spelling
+        "DESC-AGAIN COMMITTEE",  # prefix form instead of the suffix form
     ],
     "wos": [
-        '{"parent": "CS", "child": "Diabetes"}',              # child under the wrong parent
-        '{"child": "Machine learning", "parent": "CS"}',      # keys out of order
-        '{"parent":"CS","child":"Machine learning"}',         # not the canonical separators
-        '{"parent": "CS", "child": "Deep learning"}',         # unknown child
-        '{"parent": "cs", "child": "Machine learning"}',      # unknown parent
+        '{"parent": "CS", "child": "Diabetes"}',  # child under the wrong parent
+        '{"child": "Machine learning", "parent": "CS"}',  # keys out of order
+        '{"parent":"CS","child":"Machine learning"}',  # not the canonical separators
+        '{"parent": "CS", "child": "Deep learning"}',  # unknown child
+        '{"parent": "cs", "child": "Machine learning"}',  # unknown parent
     ],
     "conll": [
-        '{"organization": "", "person": "", "location": "Bergen", "misc": ""}',   # key order
+        '{"organization": "", "person": "", "location": "Bergen", "misc": ""}',  # key order
         '{"person": "", "organization": "", "location": "Atlantis", "misc": ""}',  # unknown span
-        '{"person": "Bergen", "organization": "", "location": "", "misc": ""}',   # wrong type
-        '{"person": "", "organization": "", "location": "Bergen"}',               # missing key
+        '{"person": "Bergen", "organization": "", "location": "", "misc": ""}',  # wrong type
+        '{"person": "", "organization": "", "location": "Bergen"}',  # missing key
         '{"person": "", "organization": "", "location": "Bergen", "misc": ""} ',  # trailing
     ],
 }
@@ -207,11 +213,11 @@ def test_grammar_rejects_near_misses(tasks, tokenizer, name):
 def test_grammar_keeps_separators_inside_terminals(tasks):
     assert 'SPACED_TERM: " " TERM' in tasks["gloss"].grammar()
     assert 'PERSON: " \\"\\""' in tasks["conll"].grammar()
-    assert re.search(r"^start: .* path ", tasks["wos"].grammar(), re.M)
+    assert re.search(r"^start: .* path ", tasks["wos"].grammar(), re.MULTILINE)
 
 
 def test_grammar_escapes_json_strings(tokenizer):
-    lark = 'start: VALUE\nVALUE: ' + json.dumps(json.dumps('a "quoted" \\ word')) + "\n"
+    lark = "start: VALUE\nVALUE: " + json.dumps(json.dumps('a "quoted" \\ word')) + "\n"
     assert grammar_accepts(lark, tokenizer, json.dumps('a "quoted" \\ word'))
     assert not grammar_accepts(lark, tokenizer, '"a "quoted" \\ word"')
 
@@ -231,11 +237,13 @@ def test_gold_scores_perfectly_and_garbage_is_invalid(tasks, name):
 
 def test_conll_score_by_hand(tasks):
     task = tasks["conll"]
-    examples = [ex for ex in task.splits().test_pool if "Tarvik" in ex.input or "Vienna" in ex.input]
+    examples = [
+        ex for ex in task.splits().test_pool if "Tarvik" in ex.input or "Vienna" in ex.input
+    ]
     assert len(examples) == 2  # Helios Air / Tarvik; Nora Quist / Ostrian / Vienna
     golds = [json.loads(ex.target) for ex in examples]
-    first = dict(golds[0], location="")                       # one miss: fn 1
-    second = dict(golds[1], person="Lucia Ferri")             # one wrong: fp 1, fn 1
+    first = dict(golds[0], location="")  # one miss: fn 1
+    second = dict(golds[1], person="Lucia Ferri")  # one wrong: fp 1, fn 1
     scores = task.score([json.dumps(first), json.dumps(second)], examples)
     tp = sum(bool(v) for g in golds for v in g.values()) - 2
     assert scores.details["micro"]["tp"] == tp
@@ -248,7 +256,9 @@ def test_wos_score_by_hand(tasks):
     task = tasks["wos"]
     examples = task.splits().test_pool[:2]
     parent = json.loads(examples[0].target)["parent"]
-    other_child = next(c for c in task.hierarchy[parent] if c != json.loads(examples[0].target)["child"])
+    other_child = next(
+        c for c in task.hierarchy[parent] if c != json.loads(examples[0].target)["child"]
+    )
     preds = [json.dumps({"parent": parent, "child": other_child}), "{}"]
     scores = task.score(preds, examples)
     # 1 tp (parent), 1 fp (wrong path), 1 + 2 fn: P = 1/2, R = 1/4.

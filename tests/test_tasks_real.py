@@ -20,10 +20,16 @@ from tests.conftest import compose_config
 pytestmark = pytest.mark.slow
 
 EXPECTED = {  # source split sizes, policy split sizes, vocabulary size
-    "gloss": ({"train": 83619, "dev": 2045, "test": 2046},
-              {"train": 2000, "dev": 100, "fewshot": 20, "test_pool": 2046}, 16120),
-    "conll": ({"train": 11132, "dev": 2604, "test": 2756},
-              {"train": 4000, "dev": 100, "fewshot": 10, "test_pool": 2756}, 8804),
+    "gloss": (
+        {"train": 83619, "dev": 2045, "test": 2046},
+        {"train": 2000, "dev": 100, "fewshot": 20, "test_pool": 2046},
+        16120,
+    ),
+    "conll": (
+        {"train": 11132, "dev": 2604, "test": 2756},
+        {"train": 4000, "dev": 100, "fewshot": 10, "test_pool": 2756},
+        8804,
+    ),
     "wos": ({"all": 2453}, {"train": 1176, "dev": 100, "fewshot": 1, "test_pool": 1176}, 145),
 }
 
@@ -35,8 +41,10 @@ def tokenizer(cache_dir):
 
 @pytest.fixture(scope="module")
 def real_tasks(real_data_dir):
-    return {name: load_task(compose_config([f"task={name}", f"data.dir={real_data_dir}"]))
-            for name in EXPECTED}
+    return {
+        name: load_task(compose_config([f"task={name}", f"data.dir={real_data_dir}"]))
+        for name in EXPECTED
+    }
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -44,14 +52,22 @@ def test_real_splits_vocabulary_and_gold_acceptance(real_tasks, tokenizer, name)
     task = real_tasks[name]
     corpus_sizes, split_sizes, vocab_size = EXPECTED[name]
     splits = task.splits()
-    sizes = {"train": len(splits.train), "dev": len(splits.dev), "fewshot": len(splits.fewshot),
-             "test_pool": len(splits.test_pool)}
+    sizes = {
+        "train": len(splits.train),
+        "dev": len(splits.dev),
+        "fewshot": len(splits.fewshot),
+        "test_pool": len(splits.test_pool),
+    }
     golds = [ex.target for pool in task.corpus.values() for ex in pool]
     rejected = GrammarChecker(task.grammar(), tokenizer).rejected(golds)
-    accepted = len(golds) - sum(target in set(rejected) for target in golds) if rejected else len(golds)
-    print(f"\n{name}: corpus {({k: len(v) for k, v in task.corpus.items()})}, splits {sizes}, "
-          f"vocab {task.vocab_size()}, skipped {splits.skipped}, "
-          f"gold accepted {accepted}/{len(golds)}")
+    accepted = (
+        len(golds) - sum(target in set(rejected) for target in golds) if rejected else len(golds)
+    )
+    print(
+        f"\n{name}: corpus { ({k: len(v) for k, v in task.corpus.items()}) }, splits {sizes}, "
+        f"vocab {task.vocab_size()}, skipped {splits.skipped}, "
+        f"gold accepted {accepted}/{len(golds)}"
+    )
     assert {k: len(v) for k, v in task.corpus.items()} == corpus_sizes
     assert sizes == split_sizes
     assert task.vocab_size() == vocab_size
@@ -60,7 +76,9 @@ def test_real_splits_vocabulary_and_gold_acceptance(real_tasks, tokenizer, name)
 
 def test_real_gloss_vocabulary_is_the_corpus_term_list(real_tasks, real_data_dir):
     listed = (real_data_dir / "aslg_pc12" / "gloss_vocab.txt").read_text(encoding="utf-8")
-    assert real_tasks["gloss"].vocabulary == sorted({suffix_form(t) for t in listed.split("\n") if t})
+    assert real_tasks["gloss"].vocabulary == sorted(
+        {suffix_form(t) for t in listed.split("\n") if t}
+    )
 
 
 def test_real_conll_matches_the_authors_reference(real_tasks, real_data_dir):

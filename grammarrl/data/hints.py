@@ -18,8 +18,9 @@ import os
 import re
 import tempfile
 import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,9 @@ def load_embedder(name: str, cache_dir: Path) -> Any:
     """A SentenceTransformer on CPU for `name` (MiniLM offline, else a hub id or local path)."""
     from sentence_transformers import SentenceTransformer
 
-    path = str(_minilm_dir(cache_dir)) if name in (MINILM, f"sentence-transformers/{MINILM}") else name
+    path = (
+        str(_minilm_dir(cache_dir)) if name in (MINILM, f"sentence-transformers/{MINILM}") else name
+    )
     try:
         return SentenceTransformer(path, device="cpu")
     except Exception as err:
@@ -150,8 +153,11 @@ class HintIndex:
                 with np.load(path) as stored:
                     self._vectors = {group: stored[group] for group in self.vocabularies}
             else:
-                log.info("embedding the %s vocabulary with %s (once)", "/".join(self.vocabularies),
-                         self.embedder)
+                log.info(
+                    "embedding the %s vocabulary with %s (once)",
+                    "/".join(self.vocabularies),
+                    self.embedder,
+                )
                 self._vectors = {
                     group: self._encode([self.display(item) for item in items], False)
                     for group, items in self.vocabularies.items()
@@ -171,14 +177,20 @@ class HintIndex:
         if not missing:
             return 0
         vectors = self._vocab_vectors()
-        for start in tqdm(range(0, len(missing), batch_size), desc=f"hints ({self.embedder})",
-                          unit="batch", disable=len(missing) <= batch_size):
-            batch = missing[start:start + batch_size]
+        for start in tqdm(
+            range(0, len(missing), batch_size),
+            desc=f"hints ({self.embedder})",
+            unit="batch",
+            disable=len(missing) <= batch_size,
+        ):
+            batch = missing[start : start + batch_size]
             queries = self._encode(batch, True)
             nearest = {group: top_k(queries, vectors[group], self.k) for group in vectors}
             for row, text in enumerate(batch):
-                table[text] = {group: [self.vocabularies[group][i] for i in nearest[group][row]]
-                               for group in vectors}
+                table[text] = {
+                    group: [self.vocabularies[group][i] for i in nearest[group][row]]
+                    for group in vectors
+                }
         self._save()
         return len(missing)
 

@@ -32,10 +32,13 @@ def hub_rows(task: str, skips: SkipLog, seed: int = 0) -> list[Row]:
         order = list(range(len(pool)))
         random.Random(seed).shuffle(order)
         split_of = {i: "test" for i in order[:ASLG_TEST]}
-        split_of.update({i: "dev" for i in order[ASLG_TEST:ASLG_TEST + ASLG_DEV]})
+        split_of.update({i: "dev" for i in order[ASLG_TEST : ASLG_TEST + ASLG_DEV]})
         return [
-            Row(split_of.get(i, "train"), {"text": r["text"], "gloss": r["gloss"]},
-                f"{HUB_IDS['gloss']}:train:{i}")
+            Row(
+                split_of.get(i, "train"),
+                {"text": r["text"], "gloss": r["gloss"]},
+                f"{HUB_IDS['gloss']}:train:{i}",
+            )
             for i, r in enumerate(pool)
         ]
     if task == "conll":
@@ -45,8 +48,13 @@ def hub_rows(task: str, skips: SkipLog, seed: int = 0) -> list[Row]:
             names = data[hub_split].features["ner_tags"].feature.names
             for i, r in enumerate(data[hub_split]):
                 tags = [names[t] for t in r["ner_tags"]]
-                rows.append(Row(split, {"tokens": list(r["tokens"]), "tags": tags},
-                                f"{HUB_IDS['conll']}:{hub_split}:{i}"))
+                rows.append(
+                    Row(
+                        split,
+                        {"tokens": list(r["tokens"]), "tags": tags},
+                        f"{HUB_IDS['conll']}:{hub_split}:{i}",
+                    )
+                )
         return rows
     raise DataError(
         f"task {task}: no public hub dataset carries the WoS label names; put wos_labelled.jsonl "

@@ -1,9 +1,9 @@
 """Readers for the local layout under `data.dir` (the formats of ../shared/data).
 
-    aslg_pc12/ENG-ASL_{Train,Dev,test}_0.046.{en,asl}   line i of .en pairs with line i of .asl
-    conll2003/{train,valid,test}.txt                     CoNLL columns, IOB2 tags in the last one
-    wos/wos_labelled.jsonl                               {"abstract", "parent", "child", ...}
-    wos/label_counts_raw_145.json                        {parent: {child: count}}: the label space
+aslg_pc12/ENG-ASL_{Train,Dev,test}_0.046.{en,asl}   line i of .en pairs with line i of .asl
+conll2003/{train,valid,test}.txt                     CoNLL columns, IOB2 tags in the last one
+wos/wos_labelled.jsonl                               {"abstract", "parent", "child", ...}
+wos/label_counts_raw_145.json                        {parent: {child: count}}: the label space
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from pathlib import Path
 from grammarrl.data.sources import Row, SkipLog, read_lines, read_text
 from grammarrl.errors import DataError
 
-ASLG_FILES = {"train": "ENG-ASL_Train_0.046", "dev": "ENG-ASL_Dev_0.046", "test": "ENG-ASL_test_0.046"}
+ASLG_FILES = {
+    "train": "ENG-ASL_Train_0.046",
+    "dev": "ENG-ASL_Dev_0.046",
+    "test": "ENG-ASL_test_0.046",
+}
 CONLL_FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
 CONLL_TYPES = ("PER", "ORG", "LOC", "MISC")
 WOS_FILE = "wos_labelled.jsonl"

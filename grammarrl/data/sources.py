@@ -41,8 +41,9 @@ class SkipLog:
     def skip(self, reason: str, where: str, detail: str = "") -> None:
         """A bad row (missing field, empty text, unknown label...): count it and warn."""
         self.counts[reason] += 1
-        log.warning("%s: %s: row skipped (%s)%s", self.task, where, reason,
-                    f": {detail}" if detail else "")
+        log.warning(
+            "%s: %s: row skipped (%s)%s", self.task, where, reason, f": {detail}" if detail else ""
+        )
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Rows left out by the task's definition (e.g. CoNLL sentences without entities):

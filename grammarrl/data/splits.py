@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from grammarrl.data.sources import SkipLog
 from grammarrl.tasks.base import Example, Splits
@@ -27,8 +27,9 @@ def seeded_sample(pool: Sequence[Example], size: int, seed: int, what: str) -> l
     """`size` examples of `pool` drawn with `seed` (in pool order), or all of them if fewer."""
     if size >= len(pool):
         if size > len(pool):
-            log.warning("%s: %d examples wanted, only %d available: using all", what, size,
-                        len(pool))
+            log.warning(
+                "%s: %d examples wanted, only %d available: using all", what, size, len(pool)
+            )
         return list(pool)
     chosen = set(random.Random(seed).sample(range(len(pool)), size))
     return [example for i, example in enumerate(pool) if i in chosen]
@@ -45,8 +46,9 @@ def unique_inputs(pool: Sequence[Example], exclude: set[str]) -> tuple[list[Exam
     return kept, len(pool) - len(kept)
 
 
-def partition(pool: Sequence[Example], dev_size: int, test_fraction: float,
-              seed: int) -> dict[str, list[Example]]:
+def partition(
+    pool: Sequence[Example], dev_size: int, test_fraction: float, seed: int
+) -> dict[str, list[Example]]:
     """Split one labelled pool (WoS) into train/dev/test pools, deterministically by `seed`.
 
     Dev takes `dev_size` examples (at most a tenth of a small pool), then the test pool takes
@@ -58,7 +60,7 @@ def partition(pool: Sequence[Example], dev_size: int, test_fraction: float,
     if n_dev < dev_size:
         log.warning("dev: %d examples wanted, the pool of %d gives %d", dev_size, len(order), n_dev)
     dev, rest = order[:n_dev], order[n_dev:]
-    n_test = int(round(test_fraction * len(rest)))
+    n_test = round(test_fraction * len(rest))
     return {"dev": dev, "test": rest[:n_test], "train": rest[n_test:]}
 
 
@@ -87,7 +89,14 @@ def make_splits(
     dev_pool, n_dev_out = unique_inputs(pools["dev"], used)
     dev = seeded_sample(dev_pool, dev_size, seed + 1, f"{task} dev")
     skips.drop("duplicate_or_test_input", n_train_out + n_dev_out)
-    log.info("%s splits: train %d, dev %d, few-shot %d, test pool %d", task, len(train),
-             len(dev), len(fewshot), len(test_pool))
-    return Splits(train=train, dev=dev, fewshot=fewshot, test_pool=test_pool,
-                  skipped=skips.as_dict())
+    log.info(
+        "%s splits: train %d, dev %d, few-shot %d, test pool %d",
+        task,
+        len(train),
+        len(dev),
+        len(fewshot),
+        len(test_pool),
+    )
+    return Splits(
+        train=train, dev=dev, fewshot=fewshot, test_pool=test_pool, skipped=skips.as_dict()
+    )

@@ -95,8 +95,13 @@ class CorpusTask(Task):
             example = self.normalise(row)
             if example is not None:
                 pools.setdefault(row.split, []).append(example)
-        log.info("%s: %d rows read, %d kept (%s)", self.name, len(rows),
-                 sum(map(len, pools.values())), self.skips.as_dict() or "none skipped")
+        log.info(
+            "%s: %d rows read, %d kept (%s)",
+            self.name,
+            len(rows),
+            sum(map(len, pools.values())),
+            self.skips.as_dict() or "none skipped",
+        )
         return pools
 
     def pools(self) -> dict[str, list[Example]]:
@@ -131,16 +136,26 @@ class CorpusTask(Task):
         vocabularies = self.hint_vocabularies()
         if not vocabularies or self.task_cfg.num_hints <= 0:
             return None
-        return HintIndex(self.name, vocabularies, self.task_cfg.num_hints, self.embedder,
-                         self.cache_dir, self.data_key, display=self.hint_display)
+        return HintIndex(
+            self.name,
+            vocabularies,
+            self.task_cfg.num_hints,
+            self.embedder,
+            self.cache_dir,
+            self.data_key,
+            display=self.hint_display,
+        )
 
     def prepare_hints(self) -> int:
         """Compute and cache the hints of every split input; returns how many were new."""
         if self.hint_index is None:
             return 0
         splits = self.splits()
-        inputs = [ex.input for part in (splits.train, splits.dev, splits.fewshot,
-                                        splits.test_pool) for ex in part]
+        inputs = [
+            ex.input
+            for part in (splits.train, splits.dev, splits.fewshot, splits.test_pool)
+            for ex in part
+        ]
         return self.hint_index.ensure(inputs)
 
     def hints(self, example: Example) -> dict[str, list[str]]:
@@ -165,15 +180,19 @@ class CorpusTask(Task):
     def forward_messages(self, example: Example) -> list[Message]:
         messages = [{"role": "system", "content": self.system_prompt(example)}]
         for demo in self.demonstrations():
-            messages += [{"role": "user", "content": demo.input},
-                         {"role": "assistant", "content": demo.target}]
+            messages += [
+                {"role": "user", "content": demo.input},
+                {"role": "assistant", "content": demo.target},
+            ]
         return messages + [{"role": "user", "content": example.input}]
 
     def reverse_messages(self, candidate: str) -> list[Message]:
         messages = [{"role": "system", "content": self.inverse_instruction}]
         for demo in self.demonstrations():
-            messages += [{"role": "user", "content": demo.target},
-                         {"role": "assistant", "content": demo.input}]
+            messages += [
+                {"role": "user", "content": demo.target},
+                {"role": "assistant", "content": demo.input},
+            ]
         return messages + [{"role": "user", "content": candidate}]
 
     # ----- parsing ----------------------------------------------------------------------

@@ -60,8 +60,7 @@ class ConllTask(CorpusTask):
         "empty string if absent; emit the JSON object only."
     )
     output_format = (
-        'Output format: {"person": "...", "organization": "...", "location": "...", '
-        '"misc": "..."}'
+        'Output format: {"person": "...", "organization": "...", "location": "...", "misc": "..."}'
     )
     inverse_instruction = (
         "Given the entity JSON, reconstruct the original sentence as it was actually written. "
@@ -105,14 +104,20 @@ class ConllTask(CorpusTask):
     def pick_fewshot(self, pool: list[Example], k: int) -> list[Example]:
         """k prose sentences of 8-30 tokens, each with 1-3 entity types, chosen in a seeded
         order so that every type appears about 3 times and some fields stay empty."""
+
         def fields_of(ex: Example) -> list[str]:
             return [f for f, span in json.loads(ex.target).items() if span]
 
         def sentence_like(text: str) -> bool:  # prose, not a headline, table row or list
             words = text.split()
             lower = sum(word.isalpha() and word.islower() for word in words)
-            return (8 <= len(words) <= 30 and words[-1] == "." and lower >= len(words) / 2
-                    and text.isascii() and '"' not in text)
+            return (
+                8 <= len(words) <= 30
+                and words[-1] == "."
+                and lower >= len(words) / 2
+                and text.isascii()
+                and '"' not in text
+            )
 
         candidates = [ex for ex in pool if sentence_like(ex.input) and len(fields_of(ex)) <= 3]
         random.Random(self.seed).shuffle(candidates)
@@ -179,8 +184,9 @@ class ConllTask(CorpusTask):
         per_example = []
         for ex, p, g in zip(examples, parsed, golds):
             item = entity_prf([p], [g], FIELDS)["micro"]
-            per_example.append({"uid": ex.uid, "valid": p is not None,
-                                "tp": item.tp, "fp": item.fp, "fn": item.fn})
+            per_example.append(
+                {"uid": ex.uid, "valid": p is not None, "tp": item.tp, "fp": item.fp, "fn": item.fn}
+            )
         return Scores(
             metric=self.metric_name,
             value=counts["micro"].f1,

@@ -27,7 +27,7 @@ def suffix_form(term: str) -> str:
     term = TYPO_FIXES.get(term, term)
     for prefix in PREFIXES:
         if term.startswith(prefix) and len(term) > len(prefix):
-            return f"{term[len(prefix):]}-{prefix[:-1]}"
+            return f"{term[len(prefix) :]}-{prefix[:-1]}"
     return term
 
 
@@ -69,7 +69,9 @@ class GlossTask(CorpusTask):
     @cached_property
     def vocabulary(self) -> list[str]:
         """All gloss terms of the corpus (every split), sorted."""
-        return sorted({t for pool in self.corpus.values() for ex in pool for t in ex.target.split(" ")})
+        return sorted(
+            {t for pool in self.corpus.values() for ex in pool for t in ex.target.split(" ")}
+        )
 
     def vocab_size(self) -> int:
         return len(self.vocabulary)
@@ -77,10 +79,14 @@ class GlossTask(CorpusTask):
     def pick_fewshot(self, pool: list[Example], k: int) -> list[Example]:
         """k varied sentences of 6-25 words whose gloss differs from the upper-cased input,
         no two sharing half their words, in a seeded order."""
+
         def useful(ex: Example) -> bool:
             words = ex.input.split()
-            return (6 <= len(words) <= 25 and ex.input.isascii()
-                    and ex.target.split(" ") != ex.input.upper().split())
+            return (
+                6 <= len(words) <= 25
+                and ex.input.isascii()
+                and ex.target.split(" ") != ex.input.upper().split()
+            )
 
         candidates = [ex for ex in pool if useful(ex)]
         random.Random(self.seed).shuffle(candidates)
@@ -88,7 +94,9 @@ class GlossTask(CorpusTask):
         chosen_words: list[set[str]] = []
         for ex in candidates:
             words = set(ex.input.lower().split())
-            if all(len(words & other) < 0.5 * min(len(words), len(other)) for other in chosen_words):
+            if all(
+                len(words & other) < 0.5 * min(len(words), len(other)) for other in chosen_words
+            ):
                 chosen.append(ex)
                 chosen_words.append(words)
                 if len(chosen) == k:

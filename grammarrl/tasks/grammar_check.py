@@ -8,8 +8,9 @@ more than 2,000 alternatives. Separators that precede a word are kept inside the
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any
 
 
 def lark_literal(text: str) -> str:

@@ -136,8 +136,12 @@ class WosTask(CorpusTask):
         golds = [self.parse(ex.target) for ex in examples]
         counts = hierarchical_prf(parsed, golds)
         per_example = [
-            {"uid": ex.uid, "valid": p is not None,
-             "parent_correct": p is not None and p[0] == g[0], "path_correct": p == g}
+            {
+                "uid": ex.uid,
+                "valid": p is not None,
+                "parent_correct": p is not None and p[0] == g[0],
+                "path_correct": p == g,
+            }
             for ex, p, g in zip(examples, parsed, golds)
         ]
         return Scores(
