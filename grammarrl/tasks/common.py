@@ -54,6 +54,7 @@ class CorpusTask(Task):
         self.cache_dir = Path(str(cfg.get("cache_dir") or Path.home() / ".cache" / "grammarrl"))
         self.skips = SkipLog(self.name)
         self._splits: Splits | None = None
+        self._hints_ready = False
 
     # ----- data -------------------------------------------------------------------------
     @property
@@ -156,13 +157,16 @@ class CorpusTask(Task):
             for part in (splits.train, splits.dev, splits.fewshot, splits.test_pool)
             for ex in part
         ]
-        return self.hint_index.ensure(inputs)
+        new = self.hint_index.ensure(inputs)
+        self._hints_ready = True
+        return new
 
     def hints(self, example: Example) -> dict[str, list[str]]:
         """The example's hints (all split inputs are computed together on first need)."""
         if self.hint_index is None:
             return {}
-        self.prepare_hints()
+        if not self._hints_ready:
+            self.prepare_hints()
         return self.hint_index.get(example.input)
 
     # ----- prompts ----------------------------------------------------------------------
