@@ -257,8 +257,9 @@ class ConstrainedDecoder:
         while rows:
             allowed = masks.allowed([r.matcher for r in rows])
             lse_all = torch.logsumexp(logits, dim=-1)
-            masked = logits.masked_fill(~allowed, NEG_INF)
+            masked = torch.where(allowed, logits, NEG_INF)
             lse_allowed = torch.logsumexp(masked, dim=-1)
+            lse_safe = torch.where(lse_allowed.isfinite(), lse_allowed, 0.0)  # dead rows
 
             greedy_idx = [i for i, r in enumerate(rows) if r.kind == GREEDY]
             sample_idx = [i for i, r in enumerate(rows) if r.kind == SAMPLE]
@@ -270,7 +271,14 @@ class ConstrainedDecoder:
             if sample_idx:
                 index = torch.tensor(sample_idx, device=device)
                 src_parts.append(index)
-                tok_parts.append(_sample(masked.index_select(0, index), temperature, generator))
+                sub = masked.index_select(0, index)
+                if temperature == 1.0:
+                    log_norm = lse_safe.index_select(0, index)
+                else:
+                    sub = sub / temperature
+                    log_norm = torch.logsumexp(sub, dim=-1)
+                    log_norm = torch.where(log_norm.isfinite(), log_norm, 0.0)
+                tok_parts.append(_sample(sub, log_norm, generator))
             beam_rows: dict[int, list[int]] = {}
             for i, r in enumerate(rows):
                 if r.kind == BEAM:
@@ -287,7 +295,6 @@ class ConstrainedDecoder:
                     device=device,
                     dtype=torch.float32,
                 )
-                lse_safe = torch.where(lse_allowed.isfinite(), lse_allowed, 0.0)  # dead rows
                 logp_c = masked[safe] - lse_safe[safe].unsqueeze(-1)  # [G, slots, V]
                 cand = (scores.unsqueeze(-1) + logp_c).view(len(order), -1)
                 k = min(2 * beam_width, cand.shape[1])
@@ -467,20 +474,16 @@ def _dead(row: _Row) -> str:
 
 
 def _sample(
-    masked: torch.Tensor, temperature: float, generator: torch.Generator | None
+    logits: torch.Tensor, log_norm: torch.Tensor, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """One token per row from softmax(masked / T), by inverse CDF with one uniform per row drawn
-    from `generator` (on its own device, then moved): reproducible on CPU and CUDA alike."""
-    logits = masked if temperature == 1.0 else masked / temperature
-    probs = torch.softmax(logits, dim=-1)
-    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no allowed token (handled by caller)
-    cdf = probs.double().cumsum(dim=-1)
+    """One token per row from exp(logits - log_norm) (disallowed tokens at -inf: probability 0),
+    by inverse CDF with one uniform per row drawn from `generator` on its own device, then
+    moved: reproducible on CPU and CUDA alike. The CDF is accumulated in float64; a zero-
+    probability token can never be drawn (its CDF step is empty)."""
+    cdf = torch.exp(logits - log_norm.unsqueeze(1)).double().cumsum(dim=-1)
     gen_device = generator.device if generator is not None else torch.device("cpu")
-    u = torch.rand(masked.shape[0], generator=generator, dtype=torch.float64, device=gen_device)
-    u = u.to(masked.device) * cdf[:, -1]
-    tok = torch.searchsorted(cdf, u.unsqueeze(1), right=True).squeeze(1)
-    tok = tok.clamp_max(masked.shape[1] - 1)
-    # Guard against rounding at the top of the CDF: fall back to the last allowed token.
-    ok = probs.gather(1, tok.unsqueeze(1)).squeeze(1) > 0
-    last = (probs > 0).to(torch.int64).cumsum(dim=-1).argmax(dim=-1)
-    return torch.where(ok, tok, last)
+    u = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64, device=gen_device)
+    total = cdf[:, -1]
+    target = torch.minimum(u.to(logits.device) * total, torch.nextafter(total, total.new_zeros(())))
+    tok = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
+    return tok.clamp_max(logits.shape[1] - 1)  # rows with no allowed token: caller drops them

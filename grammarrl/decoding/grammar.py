@@ -108,7 +108,9 @@ class MaskComputer:
         self.device = device
         self.executor = _executor()
         self._bitmask = llguidance.torch.allocate_token_bitmask(8, grammar.vocab_size)
-        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        # byte value -> its 8 bits (little-endian bit order, as llguidance packs tokens)
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+        self._byte_bits = bits.bool().to(device)
 
     def allowed(self, matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
         rows = len(matchers)
@@ -120,8 +122,8 @@ class MaskComputer:
         llguidance.torch.fill_next_token_bitmask_par(
             self.executor, [(m, i) for i, m in enumerate(matchers)], bitmask
         )
-        bits = bitmask.to(self.device, non_blocking=True)
-        allowed = ((bits.unsqueeze(-1) >> self._shifts) & 1).view(rows, -1).bool()
+        data = bitmask.view(torch.uint8).to(self.device, non_blocking=True)
+        allowed = self._byte_bits[data.int()].view(rows, -1)
         have = allowed.shape[1]
         if have >= self.width:
             return allowed[:, : self.width]
