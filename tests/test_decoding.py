@@ -253,6 +253,35 @@ def test_greedy_is_independent_of_batch_composition(model, tok, prompts):
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
 
 
+def test_shared_prompt_prefix_is_prefilled_once(model, tok):
+    """Prompts of one call with a long common prefix (a static system prompt) prefill it once;
+    outputs are unchanged (== brute force without cache)."""
+    system = "You label things. " * 30
+    prompts = [
+        encode_prompt(tok, [{"role": "system", "content": system}, {"role": "user", "content": m}])
+        for m in MESSAGES
+    ]
+    shared = 0
+    while all(p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1
+    assert shared > 100
+    fed = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: fed.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
+        gens = dec.greedy(prompts)
+    finally:
+        hook.remove()
+    prefill_tokens = sum(s[1] for s in fed if s[1] > 1)
+    assert prefill_tokens == shared + sum(len(p) - shared for p in prompts)
+    for prompt, gen in zip(prompts, gens):
+        tokens, lu, _, _ = brute_greedy(model, tok, JSON_GRAMMAR, prompt, 20)
+        assert gen.token_ids == tokens
+        np.testing.assert_allclose(gen.logp_unconstrained, lu, atol=2e-4)
+
+
 def test_beam_width_one_equals_greedy(model, tok, prompts):
     for grammar, max_new in ((JSON_GRAMMAR, 20), (WORDS_GRAMMAR, 10)):
         dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=max_new)

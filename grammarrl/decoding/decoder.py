@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from grammarrl.chat import end_of_turn_id
-from grammarrl.decoding.cache import assemble, select_rows
+from grammarrl.decoding.cache import assemble, layer_tensors, select_rows
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer
 from grammarrl.decoding.types import BeamResult, Generation
 
@@ -126,6 +126,8 @@ class ConstrainedDecoder:
         self.grammar = CompiledGrammar(tokenizer, grammar, self.stop_token_id)
         self.max_new_tokens = int(max_new_tokens)
         self._masks: MaskComputer | None = None
+        # Prompts of one call sharing at least this many leading tokens prefill them once.
+        self.min_shared_prefix = 32
 
     # ------------------------------------------------------------------ public API
 
@@ -212,12 +214,39 @@ class ConstrainedDecoder:
         )
         return out.logits[:, -1, :].float(), out.past_key_values
 
-    def _prefill(self, prompt: list[int]) -> tuple[torch.Tensor, DynamicCache]:
+    def _prefill(
+        self, prompt: list[int], prefix: tuple[int, list] | None = None
+    ) -> tuple[torch.Tensor, DynamicCache]:
+        """Last-position logits and the KV cache of `prompt`; `prefix` = (length, per-layer
+        (keys, values)) of an already computed first part of it, continued from a copy."""
         device = self.device
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)
-        mask = torch.ones_like(ids)
-        positions = torch.arange(len(prompt), device=device).unsqueeze(0)
-        return self._forward(ids, mask, positions, DynamicCache(), last_only=True)
+        start, cache = 0, DynamicCache()
+        if prefix is not None:
+            start, tensors = prefix
+            cache = DynamicCache(ddp_cache_data=tensors)  # copies: the prefix stays intact
+        ids = torch.tensor([prompt[start:]], dtype=torch.long, device=device)
+        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=device)
+        positions = torch.arange(start, len(prompt), device=device).unsqueeze(0)
+        return self._forward(ids, mask, positions, cache, last_only=True)
+
+    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[int, list] | None:
+        """The KV cache of the longest common prefix of the prompts of this call (a static
+        system prompt, hierarchy, demonstrations), computed once; None if too short. Never
+        reused across calls: the model's weights may have changed in between."""
+        if len(prompts) < 2:
+            return None
+        first = prompts[0]
+        shared = min(len(p) for p in prompts) - 1  # keep >= 1 token per prompt to prefill
+        for p in prompts[1:]:
+            n = 0
+            limit = min(shared, len(p))
+            while n < limit and p[n] == first[n]:
+                n += 1
+            shared = n
+            if shared < self.min_shared_prefix:
+                return None
+        _, cache = self._prefill(first[:shared])
+        return shared, layer_tensors(cache)
 
     def _loop(self, prompts, greedy, num_samples, beam_width, temperature, generator):
         device = self.device
@@ -232,8 +261,9 @@ class ConstrainedDecoder:
         per_prompt_kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples
         per_prompt_kinds += [BEAM] if beam_width else []
         width = max(len(p) for p in prompts)
+        prefix = self._shared_prefix(prompts)
         for p, prompt in enumerate(prompts):
-            logits, cache = self._prefill(prompt)
+            logits, cache = self._prefill(prompt, prefix)
             first_logits.append(logits.expand(len(per_prompt_kinds), -1))
             caches.append(cache)
             lengths.append(len(prompt))
@@ -246,7 +276,7 @@ class ConstrainedDecoder:
                 groups[p] = _BeamGroup(p, beam_width)
         logits = torch.cat(first_logits, dim=0)
         cache = assemble(caches, lengths, repeats)
-        del caches
+        del caches, prefix
 
         if self._masks is None or self._masks.width != logits.shape[1]:
             self._masks = MaskComputer(grammar, logits.shape[1], device)

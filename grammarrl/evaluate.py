@@ -1,0 +1,197 @@
+"""mode=eval: constrained greedy or beam decoding of the base model (or a trained adapter) on the
+seeded test sets, scored with the task metric.
+
+Distinct examples shared by several test sets are decoded once (predictions cached by uid), in
+batches of `eval.batch_size` prompts sorted by length. Writes `results.json` and
+`predictions.jsonl` into the run directory (schema in `grammarrl.results`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from grammarrl.chat import encode_prompt
+from grammarrl.decoding import ConstrainedDecoder, Generation
+from grammarrl.results import build_results, run_dir, write_results
+from grammarrl.tasks.base import Example, Task
+
+log = logging.getLogger(__name__)
+
+
+def run_eval(cfg: DictConfig) -> dict[str, Any]:
+    """Load the task, the model (plus `eval.adapter` if set), evaluate, write the results."""
+    from grammarrl.models import load_adapter, load_model
+    from grammarrl.tasks import load_task
+
+    out = run_dir(cfg)
+    task = load_task(cfg)
+    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
+    if cfg.eval.adapter:
+        model = load_adapter(model, cfg.eval.adapter)
+    model.eval()
+    results = evaluate(cfg, model, tokenizer, task, cfg.eval.decoding, out)
+    print(summary_line(results))
+    return results
+
+
+def summary_line(results: dict[str, Any]) -> str:
+    decoding = results["decoding"]
+    if decoding == "beam":
+        decoding = f"beam({results.get('beam_width')})"
+    return (
+        f"{results['task']} {results['model']} {decoding}: {results['metric']} "
+        f"{results['mean']:.4f} ± {results['std']:.4f} over {len(results['scores'])} test set(s) "
+        f"{[round(s, 4) for s in results['scores']]}; validity {results['validity']:.3f}, "
+        f"truncated {results['truncated']:.3f}; {results['seconds_per_example']:.2f} s/example "
+        f"-> {results['path']}"
+    )
+
+
+def is_valid(task: Task, gen: Generation) -> bool:
+    """Ended with end-of-turn in an accepting grammar state and parses under the task."""
+    if not gen.finished:
+        return False
+    try:
+        task.parse(gen.text)
+    except ValueError:
+        return False
+    return True
+
+
+def decode_examples(
+    decoder: ConstrainedDecoder,
+    tokenizer: Any,
+    task: Task,
+    examples: list[Example],
+    decoding: str,
+    beam_width: int,
+    batch_size: int,
+    progress: bool = True,
+) -> dict[str, Generation]:
+    """Decode each distinct example once (by uid), in length-sorted batches; uid -> output."""
+    from tqdm.auto import tqdm
+
+    unique: dict[str, Example] = {}
+    for ex in examples:
+        unique.setdefault(ex.uid, ex)
+    prompts = {
+        uid: encode_prompt(tokenizer, task.forward_messages(ex)) for uid, ex in unique.items()
+    }
+    order = sorted(unique, key=lambda uid: -len(prompts[uid]))  # the longest batches first
+    outputs: dict[str, Generation] = {}
+    valid = 0
+    bar = tqdm(total=len(order), desc=f"eval {decoding}", unit="ex", disable=not progress)
+    for start in range(0, len(order), batch_size):
+        uids = order[start : start + batch_size]
+        batch = [prompts[uid] for uid in uids]
+        if decoding == "greedy":
+            gens = decoder.greedy(batch)
+        elif decoding == "beam":
+            gens = [res.top for res in decoder.beam(batch, beam_width)]
+        else:
+            raise ValueError(f"unknown decoding {decoding!r}")
+        for uid, gen in zip(uids, gens):
+            outputs[uid] = gen
+            valid += is_valid(task, gen)
+        bar.update(len(uids))
+        bar.set_postfix(valid=f"{valid / len(outputs):.3f}")
+    bar.close()
+    return outputs
+
+
+def evaluate(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Task,
+    decoding: str,
+    out: str | Path | None = None,
+    name: str = "results",
+    beam_width: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Decode the seeded test sets with `decoding` (greedy | beam), score each set, write
+    `<out>/<name>.json` and the matching predictions file; returns the results record (with
+    `path`)."""
+    out = Path(out) if out is not None else run_dir(cfg)
+    beam_width = int(beam_width if beam_width is not None else cfg.eval.beam_width)
+    test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
+    all_examples = [ex for test_set in test_sets for ex in test_set]
+
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    started = time.perf_counter()
+    outputs = decode_examples(
+        decoder, tokenizer, task, all_examples, decoding, beam_width, cfg.eval.batch_size, progress
+    )
+    seconds = time.perf_counter() - started
+
+    scores, per_set, rows = [], [], []
+    for set_idx, test_set in enumerate(test_sets):
+        gens = [outputs[ex.uid] for ex in test_set]
+        result = task.score([g.text for g in gens], test_set)
+        scores.append(result.value)
+        per_set.append(
+            {
+                "value": result.value,
+                "size": len(test_set),
+                "validity": sum(is_valid(task, g) for g in gens) / len(gens),
+                "truncated": sum(g.truncated for g in gens) / len(gens),
+                "task_validity": result.validity,
+                "details": result.details,
+            }
+        )
+        for ex, gen, item in zip(test_set, gens, result.per_example):
+            rows.append(
+                {
+                    "set": set_idx,
+                    "uid": ex.uid,
+                    "input": ex.input,
+                    "gold": ex.target,
+                    "prediction": gen.text,
+                    "valid": is_valid(task, gen),
+                    "finished": gen.finished,
+                    "truncated": gen.truncated,
+                    "num_tokens": gen.num_tokens,
+                    "logp_constrained": gen.sum_logp_constrained,
+                    "logp_unconstrained": gen.sum_logp_unconstrained,
+                    "scores": item,
+                }
+            )
+
+    unique = list(outputs.values())
+    adapter = cfg.eval.adapter if "eval" in cfg else None
+    results = build_results(
+        task=task.name,
+        model=cfg.model.name,
+        decoding=decoding,
+        metric=task.metric_name,
+        scores=scores,
+        validity=sum(is_valid(task, g) for g in unique) / max(len(unique), 1),
+        truncated=sum(g.truncated for g in unique) / max(len(unique), 1),
+        examples_per_second=len(unique) / seconds if seconds > 0 else float("nan"),
+        config=cfg,
+        beam_width=beam_width if decoding == "beam" else None,
+        seconds_per_example=seconds / max(len(unique), 1),
+        decode_seconds=seconds,
+        num_test_sets=len(test_sets),
+        test_size=len(test_sets[0]) if test_sets else 0,
+        num_examples=len(all_examples),
+        num_unique_examples=len(unique),
+        batch_size=cfg.eval.batch_size,
+        max_new_tokens=cfg.task.max_new_tokens,
+        adapter=str(adapter) if adapter else None,
+        seed=cfg.seed,
+        device=str(decoder.device),
+        mean_output_tokens=sum(g.num_tokens for g in unique) / max(len(unique), 1),
+        per_set=per_set,
+    )
+    path = write_results(out, results, rows, name=name)
+    results["path"] = str(path)
+    log.info("wrote %s", path)
+    return results
