@@ -60,3 +60,19 @@ def select_rows(cache: DynamicCache, index: torch.Tensor | None, trim: int) -> N
             keys = keys[:, :, trim:]
             values = values[:, :, trim:]
         layer.keys, layer.values = keys, values
+
+
+def reorder_suffix(cache: DynamicCache, index: torch.Tensor, columns: int) -> bool:
+    """Rows take the last `columns` cache columns of rows `index` (same batch size), in place.
+    Enough when every row's source shares its prompt (same prompt KV, same padding), as beams
+    of one prompt do: only the generated part differs. False if not applicable."""
+    if columns <= 0 or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return False
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+            continue
+        if layer.keys.shape[2] < columns:
+            return False
+        layer.keys[:, :, -columns:] = layer.keys[:, :, -columns:].index_select(0, index)
+        layer.values[:, :, -columns:] = layer.values[:, :, -columns:].index_select(0, index)
+    return True

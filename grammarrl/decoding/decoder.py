@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from grammarrl.chat import end_of_turn_id
-from grammarrl.decoding.cache import assemble, layer_tensors, select_rows
+from grammarrl.decoding.cache import assemble, layer_tensors, reorder_suffix, select_rows
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer
 from grammarrl.decoding.types import BeamResult, Generation
 
@@ -380,6 +380,13 @@ class ConstrainedDecoder:
             # Reorder / drop / fork cache rows and trim the padding no row needs any more.
             trim = min(r.pad for r in new_rows)
             identity = new_src == list(range(len(rows)))
+            if not identity and not trim and len(new_src) == len(rows):
+                # Beams re-ranked within their prompts: only the generated columns move.
+                same_prompt = all(rows[j].prompt == r.prompt for j, r in zip(new_src, new_rows))
+                index = torch.tensor(new_src, device=device)
+                generated = len(new_rows[0].tokens) - 1  # tokens already in the cache
+                if same_prompt and reorder_suffix(cache, index, generated):
+                    identity = True
             if not identity or trim:
                 index = None if identity else torch.tensor(new_src, device=device)
                 select_rows(cache, index, trim)
