@@ -31,3 +31,44 @@ test-fast: venv
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
+
+# --- Sweeps that reproduce the paper's tables at CPU scale (experiments/README.md) -------------
+# Each runs one sweep of SmolLM2 jobs into multirun/cpu/<name> and aggregates it into
+# multirun/cpu/<name>/aggregate/ (Markdown + LaTeX tables, PNG figures). GPU-scale sweeps:
+# python -m grammarrl.run -m +experiment=<name> (see experiments/README.md).
+SWEEP  := nice -n 10 $(PY) -m grammarrl.run -m
+AGG    := $(PY) -m experiments.aggregate
+CPUDIR := multirun/cpu
+
+.PHONY: sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
+	sweep-calibration-cpu sweep-inference-time-cpu paper-cpu
+
+# The whole chain in about a minute: a 2x2 sweep (λ x rollout beam) of the random tiny model.
+sweep-tiny: venv
+	$(SWEEP) +experiment=tiny_scale 'lambda=0,1' 'rollout.beam_width=1,2' hydra.sweep.dir=$(CPUDIR)/tiny
+	$(AGG) sweep $(CPUDIR)/tiny
+
+sweep-main-cpu: venv
+	$(SWEEP) +experiment=main_cpu hydra.sweep.dir=$(CPUDIR)/main
+	$(AGG) main $(CPUDIR)/main
+
+sweep-ablation-lambda-cpu: venv
+	$(SWEEP) +experiment=ablation_lambda_cpu hydra.sweep.dir=$(CPUDIR)/ablation_lambda
+	$(AGG) ablation_lambda $(CPUDIR)/ablation_lambda --baselines $(wildcard $(CPUDIR)/main)
+
+sweep-ablation-rollout-cpu: venv
+	$(SWEEP) +experiment=ablation_rollout_cpu hydra.sweep.dir=$(CPUDIR)/ablation_rollout
+	$(AGG) ablation_rollout $(CPUDIR)/ablation_rollout
+
+sweep-calibration-cpu: venv
+	$(SWEEP) +experiment=calibration_cpu hydra.sweep.dir=$(CPUDIR)/calibration
+	$(AGG) calibration $(CPUDIR)/calibration
+
+# The search jobs stop until mode=search exists (the leading '-' keeps going to the table).
+sweep-inference-time-cpu: venv
+	-$(SWEEP) +experiment=inference_time_cpu hydra.sweep.dir=$(CPUDIR)/inference_time
+	$(AGG) inference_time $(CPUDIR)/inference_time $(CPUDIR)/ablation_lambda --num-sets 2
+
+# Every CPU-scale table, in dependency order (hours on 2 cores).
+paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \
+	sweep-ablation-rollout-cpu sweep-inference-time-cpu

@@ -1,0 +1,218 @@
+"""Aggregate sweep outputs into the paper's tables (Markdown + LaTeX) and figures (PNG).
+
+    python -m experiments.aggregate REPORT SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
+
+REPORT is one of: sweep (any sweep, one row per evaluation), main, ablation_lambda,
+ablation_rollout, calibration, inference_time. Everything is computed from the runs' results
+files, predictions and logged metrics. Runs without results (failed or unfinished jobs) are
+listed in `runs.md` and on stderr. Output goes to `<first SWEEP_DIR>/aggregate/` by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from experiments import analysis, figures, tables
+from experiments.runs import BASELINE, GRAMMARRL, AggregationError, Evaluation, Run, load_sweep
+from experiments.table import Block, Cell, Row, Table, to_latex, to_markdown
+
+
+def write_table(table: Table, out: Path) -> list[Path]:
+    """`<out>/<name>.md` and `<out>/<name>.tex`."""
+    out.mkdir(parents=True, exist_ok=True)
+    md, tex = out / f"{table.name}.md", out / f"{table.name}.tex"
+    md.write_text(to_markdown(table), encoding="utf-8")
+    tex.write_text(to_latex(table), encoding="utf-8")
+    return [md, tex]
+
+
+def runs_listing(runs: Sequence[Run], finished: Callable[[Run], bool], roots: Sequence[Path]) -> str:
+    """Markdown list of every run with its status and configuration."""
+    lines = ["| run | status | configuration |", "|---|---|---|"]
+    for run in runs:
+        rel = next((str(run.path.relative_to(r)) for r in roots if run.path.is_relative_to(r)),
+                   str(run.path))
+        lines.append(f"| {rel or '.'} | {'ok' if finished(run) else '**missing**'} | "
+                     f"{run.describe()} |")
+    return "\n".join(lines) + "\n"
+
+
+def curves_figure(evals: Sequence[Evaluation], out: Path, name: str,
+                  label: Callable[[Evaluation], str]) -> list[Path]:
+    """Train/dev curves of the training runs behind `evals` (greedy results only)."""
+    curves, metric_names = [], {}
+    for ev in evals:
+        if ev.run.mode != "train" or ev.name != "results":
+            continue
+        series = analysis.read_metrics(ev.run)
+        train, dev = series.get(f"val/train_{ev.metric}", []), series.get(f"val/dev_{ev.metric}", [])
+        if train or dev:
+            curves.append(figures.Curve(ev.task, label(ev), train, dev))
+            metric_names[ev.task] = ev.metric
+    if not curves:
+        return []
+    return [figures.training_curves(curves, out / f"{name}.png", metric_names)]
+
+
+def _first_model(evals: Sequence[Evaluation]) -> list[Evaluation]:
+    models = tables.models_of(evals)
+    return [ev for ev in evals if models and ev.model == models[0]]
+
+
+def report_sweep(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
+    keys = tables.sweep_keys(evals)
+    return write_table(tables.sweep_table(evals), out) + curves_figure(
+        evals, out, "training_curves", lambda ev: tables.sweep_label(ev, keys))
+
+
+def report_main(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
+    written = write_table(tables.main_table(evals), out)
+    trained = [ev for ev in _first_model(evals) if tables.where(
+        GRAMMARRL, "greedy", rollout=tables.DEFAULT_ROLLOUT)(ev)]
+    return written + curves_figure(trained, out, "training_curves",
+                                   lambda ev: f"λ={tables.lambda_label(ev.lam)}")
+
+
+def report_lambda(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
+    written = write_table(tables.lambda_table(evals), out)
+    model_evals = _first_model(evals)
+    trained = {ev.task: [] for ev in model_evals}
+    for ev in model_evals:
+        if tables.where(GRAMMARRL, "greedy", rollout=tables.DEFAULT_ROLLOUT)(ev):
+            trained[ev.task].append(ev)
+    baselines = _baselines(args, model_evals)
+    if trained.get("conll"):
+        written += conll_empty_fields(trained["conll"], baselines.get("conll", []), out)
+    if trained.get("gloss"):
+        written += gloss_trap_tokens(trained["gloss"], out)
+    return written
+
+
+def _baselines(args: argparse.Namespace, evals: list[Evaluation]) -> dict[str, list[Evaluation]]:
+    """Frozen-model evaluations (from --baselines sweeps, else from the sweep itself)."""
+    pool = load_sweep(args.baselines).evaluations() if args.baselines else evals
+    model = evals[0].model if evals else None
+    found: dict[str, list[Evaluation]] = {}
+    for ev in pool:
+        if ev.system == BASELINE and ev.model == model:
+            found.setdefault(ev.task, []).append(ev)
+    return found
+
+
+def conll_empty_fields(trained: list[Evaluation], baselines: list[Evaluation],
+                       out: Path) -> list[Path]:
+    """Paper Figure "CoNLL empty fields and micro-F1 against λ" (+ its numbers as a table)."""
+    points = []
+    for ev in sorted(trained, key=lambda e: e.lam):
+        rate = analysis.per_set_mean(analysis.read_predictions(ev), analysis.empty_field_rate)
+        points.append(figures.LambdaPoint(float(ev.lam), {"empty": rate, "f1": ev.summary()}))
+    lines: dict[str, dict[str, float]] = {"empty": {}, "f1": {}}
+    for ev in baselines:
+        name = ev.decoding
+        lines["empty"][name] = analysis.per_set_mean(analysis.read_predictions(ev),
+                                                     analysis.empty_field_rate)[0]
+        lines["f1"][name] = ev.summary()[0]
+    png = figures.against_lambda(points, [("empty", "gold fields left empty (%)"),
+                                          ("f1", "micro-F1")], out / "conll_empty_fields.png",
+                                 lines, title="CoNLL: empty-field errors and micro-F1 vs λ")
+    rows = [Row(tables.lambda_label(p.lam), [Cell(*p.values["empty"]), Cell(*p.values["f1"])])
+            for p in points]
+    base_rows = [Row(f"frozen ({name})", [Cell(lines["empty"][name]), Cell(lines["f1"][name])])
+                 for name in lines["f1"]]
+    table = Table("conll_empty_fields", "CoNLL: percentage of gold non-empty fields left empty, "
+                  "and micro-F1, against λ (mean ± std over test sets).",
+                  ["λ", "empty fields (%)", "micro-F1"],
+                  [Block(rows)] + ([Block(base_rows)] if base_rows else []), best=None)
+    return [png, *write_table(table, out)]
+
+
+def gloss_trap_tokens(trained: list[Evaluation], out: Path) -> list[Path]:
+    """Paper Table/analysis "trap tokens in gloss predictions" against λ (+ a figure)."""
+    terms = [*analysis.TRAP_TERMS, analysis.BARE_X]
+    points = []
+    for ev in sorted(trained, key=lambda e: e.lam):
+        rows = analysis.read_predictions(ev)
+        points.append(figures.LambdaPoint(float(ev.lam), {
+            term: analysis.per_set_mean(rows, analysis.term_count(term)) for term in terms}))
+    table = Table("gloss_trap_tokens", "Trap tokens in gloss predictions against λ: mean "
+                  "occurrences per test set; bold: lowest.", ["λ", *terms[:-1], "bare X"],
+                  [Block([Row(tables.lambda_label(p.lam), [Cell(p.values[t][0]) for t in terms])
+                          for p in points])], best="min", digits=1).mark_best()
+    png = figures.against_lambda(points, [(t, f"{t} per test set") for t in terms],
+                                 out / "gloss_trap_tokens.png", title="Gloss: trap tokens vs λ")
+    return [*write_table(table, out), png]
+
+
+def report_rollout(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
+    return write_table(tables.rollout_table(evals), out)
+
+
+def report_inference(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
+    return write_table(tables.inference_table(evals, args.num_sets), out)
+
+
+REPORTS = {
+    "sweep": report_sweep,
+    "main": report_main,
+    "ablation_lambda": report_lambda,
+    "ablation_rollout": report_rollout,
+    "inference_time": report_inference,
+    "calibration": None,  # built from calibration entries, not evaluations
+}
+
+
+def aggregate(report: str, dirs: Sequence[str | Path], out: Path | None = None,
+              baselines: Sequence[str] = (), num_sets: int | None = None) -> list[Path]:
+    """Write the report's tables and figures plus `runs.md`; returns the files written."""
+    if report not in REPORTS:
+        raise AggregationError(f"unknown report {report!r}: one of {', '.join(REPORTS)}")
+    sweep = load_sweep(list(dirs))
+    out = Path(out) if out else sweep.roots[0] / "aggregate"
+    args = argparse.Namespace(baselines=list(baselines), num_sets=num_sets)
+    if report == "calibration":
+        entries = {id(run): analysis.calibration_entry(run) for run in sweep.runs}
+        finished = lambda run: entries[id(run)] is not None
+        found = [e for e in entries.values() if e is not None]
+        if not found:
+            raise AggregationError(f"{', '.join(map(str, dirs))}: no calibration results found")
+        written = write_table(tables.calibration_table(found), out)
+    else:
+        finished = Run.finished.fget
+        evals = sweep.evaluations()
+        if not evals:
+            raise AggregationError(f"{', '.join(map(str, dirs))}: {len(sweep.runs)} runs, none "
+                                   "with a results file (all failed or unfinished?)")
+        written = REPORTS[report](evals, out, args)
+    listing = out / "runs.md"
+    listing.write_text(runs_listing(sweep.runs, finished, sweep.roots), encoding="utf-8")
+    missing = [run for run in sweep.runs if not finished(run)]
+    for run in missing:
+        print(f"missing: {run.path} ({run.describe()})", file=sys.stderr)
+    return [*written, listing]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.aggregate",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("report", choices=list(REPORTS))
+    parser.add_argument("dirs", nargs="+", help="sweep directories (multirun/<date>/<time>)")
+    parser.add_argument("--out", type=Path, help="output directory (default <first dir>/aggregate)")
+    parser.add_argument("--baselines", nargs="*", default=[],
+                        help="sweeps holding the frozen-model evaluations for reference lines")
+    parser.add_argument("--num-sets", type=int, help="use only the first k test sets of each run")
+    args = parser.parse_args(argv)
+    try:
+        written = aggregate(args.report, args.dirs, args.out, args.baselines, args.num_sets)
+    except AggregationError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Statistics computed from the runs' files: predictions (CoNLL empty fields, gloss trap
+tokens), logged training metrics (curves) and calibration entries (σ's)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from experiments.runs import AggregationError, Evaluation, Run
+from grammarrl.calibration import calibration_key
+from grammarrl.results import mean_std
+from grammarrl.tasks.conll import FIELDS
+
+# The paper's gloss trap tokens (fragments forced by the grammar after a likely prefix) and the
+# generic gloss X (Table "trap tokens in Gloss predictions").
+TRAP_TERMS = ("THEREFORE-DESC", "OFTEN-DESC", "THERE-DESC")
+BARE_X = "X"
+
+
+def read_predictions(ev: Evaluation) -> list[dict[str, Any]]:
+    """The evaluation's predictions file, one dict per (test set, example)."""
+    path = ev.predictions
+    if not path.is_file():
+        raise AggregationError(f"{path}: predictions file missing for {ev.run.path / ev.name}.json")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def per_set_mean(rows: Sequence[dict[str, Any]],
+                 statistic: Callable[[list[dict[str, Any]]], float]) -> tuple[float, float]:
+    """(mean, std) over test sets (the `set` field) of a statistic of each set's rows."""
+    sets: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        sets[int(row.get("set", 0))].append(row)
+    return mean_std([statistic(sets[k]) for k in sorted(sets)])
+
+
+def _conll_fields(text: str) -> dict[str, str]:
+    """The four CoNLL fields of an output; an unparseable output has every field empty."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return dict.fromkeys(FIELDS, "")
+    if not isinstance(value, dict):
+        return dict.fromkeys(FIELDS, "")
+    return {f: value.get(f) if isinstance(value.get(f), str) else "" for f in FIELDS}
+
+
+def empty_field_rate(rows: Sequence[dict[str, Any]]) -> float:
+    """Percentage of gold non-empty CoNLL fields left empty in the prediction."""
+    gold_filled = empty = 0
+    for row in rows:
+        gold, pred = _conll_fields(row["gold"]), _conll_fields(row["prediction"])
+        for f in FIELDS:
+            if gold[f]:
+                gold_filled += 1
+                empty += not pred[f]
+    return 100.0 * empty / gold_filled if gold_filled else 0.0
+
+
+def term_count(term: str) -> Callable[[list[dict[str, Any]]], float]:
+    """Occurrences of one gloss term in a set's predictions (terms are space-separated)."""
+    return lambda rows: float(sum(row["prediction"].split().count(term) for row in rows))
+
+
+def read_metrics(run: Run) -> dict[str, list[tuple[int, float]]]:
+    """Lightning's CSV metrics of a training run: column -> [(step, value)], empty cells
+    skipped; {} when the run logged nothing."""
+    path = run.path / "metrics" / "metrics.csv"
+    if not path.is_file():
+        return {}
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            step = row.get("step")
+            for key, value in row.items():
+                if key != "step" and value not in ("", None) and step not in ("", None):
+                    series[key].append((int(float(step)), float(value)))
+    return dict(series)
+
+
+def calibration_entry(run: Run) -> dict[str, Any] | None:
+    """σ's of a mode=calibrate run: from `<run>/calibration.json` when the run wrote one, else
+    from the run's shared calibration file (`reward.calibration_file`, by default
+    cache_dir/calibration.json) under its task/model/nN_bB key; None when neither holds it (the
+    run failed)."""
+    key = calibration_key(OmegaConf.create({
+        "task": {"name": run.get("task.name")}, "model": {"name": run.get("model.name")},
+        "rollout": {"num_samples": run.get("rollout.num_samples"),
+                    "beam_width": run.get("rollout.beam_width")}}))
+    shared = run.get("reward.calibration_file") or Path(str(run.get("cache_dir", ""))) / (
+        "calibration.json")
+    for source in (run.path / "calibration.json", Path(shared)):
+        table = json.loads(source.read_text()) if source.is_file() else {}
+        entry = table if "sigma_direct" in table else table.get(key)
+        if entry is not None:
+            return {"task": run.get("task.name"), "model": run.get("model.name"),
+                    "n": run.get("rollout.num_samples"), "b": run.get("rollout.beam_width"),
+                    "source": str(source), **entry}
+    return None

@@ -1,0 +1,81 @@
+"""The paper's figures as PNG (matplotlib, Agg backend), from logged metrics and predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from experiments.runs import format_number
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One training run's logged metric on the train slice and on the held-out dev slice."""
+
+    task: str
+    label: str
+    train: list[tuple[int, float]]
+    dev: list[tuple[int, float]]
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def training_curves(curves: Sequence[Curve], path: Path, metric_names: Mapping[str, str]) -> Path:
+    """One panel per task; per run, the dev metric (solid) and the train metric (dashed)."""
+    tasks = list(dict.fromkeys(c.task for c in curves))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for index, curve in enumerate(c for c in curves if c.task == task):
+            color = f"C{index}"
+            for points, style, split in ((curve.dev, "-", "dev"), (curve.train, "--", "train")):
+                if points:
+                    steps, values = zip(*points)
+                    ax.plot(steps, values, style, color=color, marker=".",
+                            label=f"{curve.label} ({split})")
+        ax.set(title=task, xlabel="training step", ylabel=metric_names.get(task, "metric"))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+@dataclass(frozen=True)
+class LambdaPoint:
+    """Statistics of one λ: (mean, std) over test sets."""
+
+    lam: float
+    values: Mapping[str, tuple[float, float]]
+
+
+def against_lambda(points: Sequence[LambdaPoint], panels: Sequence[tuple[str, str]], path: Path,
+                   baselines: Mapping[str, Mapping[str, float]] | None = None,
+                   title: str = "") -> Path:
+    """One panel per statistic (key, y label): mean ± std against λ; optional horizontal lines
+    (baselines[key][name] = value) for the frozen model's greedy and beam decoding."""
+    points = sorted(points, key=lambda p: p.lam)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.4), squeeze=False)
+    lams = [p.lam for p in points]
+    for ax, (key, ylabel) in zip(axes[0], panels):
+        means = [p.values[key][0] for p in points]
+        stds = [p.values[key][1] for p in points]
+        ax.errorbar(lams, means, yerr=stds, marker="o", capsize=3, label="GrammarRL")
+        for index, (name, value) in enumerate((baselines or {}).get(key, {}).items()):
+            ax.axhline(value, linestyle=":", color=f"C{index + 1}", label=f"frozen ({name})")
+        ax.set(xlabel="λ", ylabel=ylabel, xticks=lams,
+               xticklabels=[format_number(lam) for lam in lams])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)

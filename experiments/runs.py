@@ -1,0 +1,224 @@
+"""Find the runs of one or more sweeps and load what they wrote.
+
+A *run* is a job directory: it holds Hydra's `.hydra/config.yaml` and, when the job finished,
+one or more results files (`results.json`, `results_beam.json`, `results_baseline.json`, ...,
+schema in `grammarrl.results`). Every results file becomes one `Evaluation`: a system
+(the frozen baseline, the GrammarRL adapter, or a search method) decoded one way on the seeded
+test sets. A run without any results file is kept as *missing* (a failed or unfinished job),
+never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from grammarrl.results import mean_std, predictions_name
+
+RESULTS_GLOB = "results*.json"
+BASELINE = "baseline"
+GRAMMARRL = "grammarrl"
+
+
+class AggregationError(RuntimeError):
+    """A sweep directory that cannot be aggregated (nothing there, conflicting runs)."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One results file of one run: a system decoded one way, scored on each test set."""
+
+    run: Run
+    name: str  # results file stem: results, results_beam, results_baseline, ...
+    results: dict[str, Any]
+
+    @property
+    def task(self) -> str:
+        return str(self.results["task"])
+
+    @property
+    def model(self) -> str:
+        return str(self.results["model"])
+
+    @property
+    def decoding(self) -> str:
+        return str(self.results["decoding"])
+
+    @property
+    def metric(self) -> str:
+        return str(self.results["metric"])
+
+    @property
+    def scores(self) -> list[float]:
+        return [float(s) for s in self.results["scores"]]
+
+    @property
+    def system(self) -> str:
+        """`baseline` (frozen model), `grammarrl` (trained adapter) or `search/<method>`."""
+        if self.name.endswith("_baseline"):
+            return BASELINE
+        mode = self.run.mode
+        if mode == "train":
+            return GRAMMARRL
+        if mode == "search":
+            return f"search/{self.run.get('search.method', 'unknown')}"
+        return GRAMMARRL if self.results.get("adapter") or self.run.get("eval.adapter") else BASELINE
+
+    @property
+    def lam(self) -> float | None:
+        return self.run.lam
+
+    @property
+    def num_samples(self) -> int | None:
+        return self.run.get("rollout.num_samples")
+
+    @property
+    def beam_width(self) -> int | None:
+        """The training-time rollout beam width B (not the decoding beam)."""
+        return self.run.get("rollout.beam_width")
+
+    @property
+    def predictions(self) -> Path:
+        return self.run.path / predictions_name(self.name)
+
+    def summary(self, num_sets: int | None = None) -> tuple[float, float]:
+        """(mean, std) over the test sets, as in results.json; over the first `num_sets` sets
+        only when asked (set i is drawn with seed + i, so the first k sets are the same sets
+        whatever the number of sets of the run)."""
+        scores = self.scores
+        if num_sets is None or num_sets >= len(scores):
+            return float(self.results["mean"]), float(self.results["std"])
+        return mean_std(scores[:num_sets])
+
+    def label(self) -> str:
+        """A short human label: `grammarrl λ=0.5 N=3 B=3 greedy`."""
+        parts = [self.system]
+        if self.system == GRAMMARRL and self.run.mode == "train":
+            parts.append(f"λ={format_number(self.lam)} N={self.num_samples} B={self.beam_width}")
+        parts.append(self.decoding)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One job directory of a sweep, with its (unresolved) Hydra job config."""
+
+    path: Path
+    config: DictConfig
+    choices: dict[str, str] = field(default_factory=dict)  # Hydra's config group choices
+    results_files: tuple[Path, ...] = ()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A config value by dotted key, interpolations resolved; `default` when absent."""
+        try:
+            value = OmegaConf.select(self.config, key, default=default)
+        except OmegaConfBaseException:  # an interpolation unresolvable here (${hydra:...})
+            return default
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    @property
+    def mode(self) -> str:
+        return str(self.get("mode", "train"))
+
+    @property
+    def lam(self) -> float | None:
+        return self.get("lambda")
+
+    @property
+    def variant(self) -> str | None:
+        return self.choices.get("experiment/variant")
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.results_files)
+
+    def evaluations(self) -> list[Evaluation]:
+        return [Evaluation(self, p.stem, _read_json(p)) for p in self.results_files]
+
+    def describe(self) -> str:
+        """Task, model and the swept keys, for listings of missing runs."""
+        keys = ("task.name", "model.name", "mode", "lambda", "rollout.num_samples",
+                "rollout.beam_width", "eval.decoding")
+        values = [f"{k.split('.')[0] if k.endswith('.name') else k}={self.get(k)}" for k in keys]
+        if self.variant:
+            values.append(f"variant={self.variant}")
+        return " ".join(values)
+
+
+@dataclass
+class Sweep:
+    """All runs found under some directories."""
+
+    roots: list[Path]
+    runs: list[Run]
+
+    @property
+    def missing(self) -> list[Run]:
+        return [run for run in self.runs if not run.finished]
+
+    def evaluations(self) -> list[Evaluation]:
+        return [ev for run in self.runs for ev in run.evaluations()]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise AggregationError(f"{path}: not valid JSON ({err})") from None
+
+
+def load_run(path: Path) -> Run:
+    """A run from its directory (Hydra config if there, else the config inside results.json)."""
+    results_files = tuple(sorted(path.glob(RESULTS_GLOB)))
+    config_file = path / ".hydra" / "config.yaml"
+    if config_file.is_file():
+        config = OmegaConf.load(config_file)
+    elif results_files:
+        config = OmegaConf.create(_read_json(results_files[0]).get("config", {}))
+    else:
+        raise AggregationError(f"{path}: neither .hydra/config.yaml nor {RESULTS_GLOB}")
+    choices: dict[str, str] = {}
+    hydra_file = path / ".hydra" / "hydra.yaml"
+    if hydra_file.is_file():
+        runtime = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}).get("runtime", {})
+        choices = {k: str(v) for k, v in (runtime.get("choices") or {}).items()}
+    return Run(path=path, config=config, choices=choices, results_files=results_files)
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    """Every directory under root (root included) that is a job: it has .hydra/ or results."""
+    found = {p.parent.parent for p in root.rglob(".hydra/config.yaml")}
+    found |= {p.parent for p in root.rglob(RESULTS_GLOB)}
+    return sorted(p for p in found if "wandb" not in p.relative_to(root).parts)
+
+
+def load_sweep(roots: list[str | Path]) -> Sweep:
+    """Load every run under the given sweep directories; raise naming a directory that holds
+    no run at all."""
+    runs: list[Run] = []
+    paths = [Path(r) for r in roots]
+    for root in paths:
+        if not root.is_dir():
+            raise AggregationError(f"{root}: no such directory")
+        dirs = _run_dirs(root)
+        if not dirs:
+            raise AggregationError(
+                f"{root}: no runs found (no .hydra/config.yaml or {RESULTS_GLOB} below it)")
+        runs.extend(load_run(d) for d in dirs)
+    return Sweep(roots=paths, runs=runs)
+
+
+def format_number(value: float | None) -> str:
+    """0.5 -> '0.5', 1.0 -> '1', None -> '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and (math.isnan(value) or not value.is_integer()):
+        return f"{value:g}"
+    return str(int(value))
