@@ -313,7 +313,6 @@ class ConstrainedDecoder:
             for i, r in enumerate(rows):
                 if r.kind == BEAM:
                     beam_rows.setdefault(r.prompt, []).append(i)
-            order = list(beam_rows)
             if beam_rows:
                 order = list(beam_rows)
                 slots = max(len(v) for v in beam_rows.values())
