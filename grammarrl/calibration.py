@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def calibration_file(cfg: DictConfig) -> Path:
     """Where calibrated σ's live (one JSON for all keys)."""
-    return Path(cfg.cache_dir) / "calibration.json"
+    return Path(cfg.reward.calibration_file)
 
 
 def calibration_key(cfg: DictConfig) -> str:
@@ -101,12 +101,14 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
 def run_calibrate(cfg: DictConfig) -> dict[str, Any]:
     """mode=calibrate: measure and store the σ's for (task, model, N, B)."""
     from grammarrl.models import load_model
+    from grammarrl.results import run_dir, write_json
     from grammarrl.tasks import load_task
 
     task = load_task(cfg)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     entry = calibrate(cfg, model, tokenizer, task)
     path = store_sigmas(cfg, entry)
+    write_json(run_dir(cfg) / "calibration.json", {calibration_key(cfg): entry})
     log.info("σ_direct=%.4f σ_reverse=%.4f -> %s [%s]", entry["sigma_direct"],
              entry["sigma_reverse"], path, calibration_key(cfg))
     print(json.dumps({"key": calibration_key(cfg), **entry}))

@@ -31,6 +31,9 @@ class GrammarRLDataModule(L.LightningDataModule):
         size = self.cfg.trainer.val_size
         self.val = (self.train[:size], splits.dev[:size])
 
+    def transfer_batch_to_device(self, batch: list[Example], device, dataloader_idx: int):
+        return batch  # text examples: tokenised and moved by the decoder and scorer
+
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.cfg.seed)
         return DataLoader(self.train, batch_size=self.cfg.optim.batch_size, shuffle=True,

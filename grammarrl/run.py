@@ -46,7 +46,16 @@ def main(cfg: DictConfig) -> object:
         return dispatch(cfg)
     except GrammarRLError as err:
         log.error("%s", err)
+        if _in_multirun():
+            raise  # Hydra records the job as failed and the sweep's other jobs still run
         sys.exit(2)
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ class Prefix:
 def encode_prefix(model: torch.nn.Module, tokens: list[int]) -> Prefix:
     """Run `tokens` once and keep its KV cache (reusable only while the weights are unchanged)."""
     ids = torch.tensor([tokens], device=_model_device(model))
-    out = model(input_ids=ids, use_cache=True)
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
     return Prefix(tokens=list(tokens), kv=kv, last_logits=out.logits[:, -1])
 

@@ -45,10 +45,21 @@ def build_loggers(cfg: DictConfig, out: Path) -> list:
                 f"N={rollout.num_samples}", f"B={rollout.beam_width}", "decoding=greedy",
                 *cfg.logger.tags]
         loggers.append(WandbLogger(
-            project=cfg.logger.project, group=cfg.logger.group, tags=tags, mode=cfg.logger.mode,
+            project=cfg.logger.project, group=cfg.logger.group or sweep_group(), tags=tags,
+            mode=cfg.logger.mode,
             save_dir=str(out), config=OmegaConf.to_container(cfg, resolve=True),
         ))
     return loggers
+
+
+def sweep_group() -> str | None:
+    """Runs of one Hydra multirun share a W&B group: the sweep directory."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return str(HydraConfig.get().sweep.dir)
+    return None
 
 
 def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
@@ -81,6 +92,7 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
     trainer = build_trainer(cfg, out)
     trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task), ckpt_path=cfg.train.resume)
+    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final step, resumable
     if trainer.global_rank != 0:
         return {}
 

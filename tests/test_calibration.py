@@ -12,7 +12,7 @@ from tests.conftest import compose_config
 
 
 def _cfg(tmp_path, *overrides):
-    return compose_config([f"cache_dir={tmp_path}", *overrides])
+    return compose_config([f"reward.calibration_file={tmp_path}/calibration.json", *overrides])
 
 
 def test_within_group_std_is_mean_of_row_stds():

@@ -28,7 +28,6 @@ def run_sweep(sweep_dir: Path, overrides: list[str]) -> subprocess.CompletedProc
 
 
 # Remove this mark once mode=train runs end to end on the tiny model (the training issue).
-@pytest.mark.xfail(reason="mode=train does not run end to end yet (training issue)", strict=False)
 def test_tiny_2x2_sweep_aggregates_to_four_rows(tmp_path: Path):
     sweep_dir = tmp_path / "sweep"
     proc = run_sweep(sweep_dir, ["lambda=0,1", "rollout.beam_width=1,2"])
