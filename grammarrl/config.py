@@ -18,6 +18,8 @@ MODES = ("train", "eval", "calibrate", "search", "prepare")
 TASKS = ("gloss", "wos", "conll")
 MODEL_SOURCES = ("hub", "embedded", "tiny")
 DECODINGS = ("greedy", "beam")
+SEARCH_METHODS = ("rerank", "is", "smc")
+SEARCH_POTENTIALS = ("reverse", "task", "none")
 
 
 @dataclass
@@ -76,7 +78,7 @@ class OptimSchema:
 @dataclass
 class TrainSchema:
     share_prefix: bool = True
-    resume: Any = None
+    resume: Any = "auto"
     eval_baseline: bool = False
     eval_beam: bool = False
 
@@ -91,6 +93,19 @@ class EvalSchema:
     adapter: Any = None
 
 
+@dataclass
+class SearchSchema:
+    method: str = "is"
+    particles: int = 10
+    potential: Any = None
+    ess_threshold: float = 1 / 3
+    temperature: float = 1.0
+    batch_size: int = 1
+    posterior_draws: int = 20
+    greedy_baseline: bool = True
+    adapter: Any = None
+
+
 SCHEMAS: dict[str, type] = {
     "task": TaskSchema,
     "model": ModelSchema,
@@ -99,6 +114,7 @@ SCHEMAS: dict[str, type] = {
     "optim": OptimSchema,
     "eval": EvalSchema,
     "train": TrainSchema,
+    "search": SearchSchema,
 }
 
 
@@ -153,6 +169,21 @@ def validate(cfg: DictConfig) -> None:
     _check(ev.num_test_sets >= 1, "eval.num_test_sets", ev.num_test_sets, "an integer >= 1")
     _check(ev.test_size >= 1, "eval.test_size", ev.test_size, "an integer >= 1")
     _check(ev.batch_size >= 1, "eval.batch_size", ev.batch_size, "an integer >= 1")
+
+    search = typed["search"]
+    _check(search.method in SEARCH_METHODS, "search.method", search.method,
+           f"one of {', '.join(SEARCH_METHODS)}")
+    _check(search.particles >= 1, "search.particles", search.particles, "an integer >= 1")
+    _check(search.potential is None or search.potential in SEARCH_POTENTIALS, "search.potential",
+           search.potential, f"null or one of {', '.join(SEARCH_POTENTIALS)}")
+    _check(search.potential != "task" or task.name in ("conll", "gloss"), "search.potential",
+           search.potential, "reverse or none for this task (task potentials: conll, gloss)")
+    _check(0.0 <= search.ess_threshold <= 1.0, "search.ess_threshold", search.ess_threshold,
+           "a number in [0, 1]")
+    _check(search.temperature > 0, "search.temperature", search.temperature, "a number > 0")
+    _check(search.batch_size >= 1, "search.batch_size", search.batch_size, "an integer >= 1")
+    _check(search.posterior_draws >= 0, "search.posterior_draws", search.posterior_draws,
+           "an integer >= 0")
 
     lora = typed["lora"]
     _check(lora.r >= 1, "lora.r", lora.r, "an integer >= 1")

@@ -2,16 +2,56 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import lightning as L
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
+from grammarrl.errors import DataError
 from grammarrl.tasks.base import Example, Task
 
 
 def _as_list(batch: list[Example]) -> list[Example]:
     return batch
+
+
+class StepBatchSampler(Sampler[list[int]]):
+    """Training batches indexed by optimizer step, so that a resumed run sees exactly the batches
+    an uninterrupted run would.
+
+    Pass p over the training set is a permutation drawn with seed + p, cut into batches of
+    `batch_size` (the last batch of a pass may be smaller); with several ranks, step s of rank r
+    takes batch s * world_size + r. Iteration starts at step `start` (the restored global step)
+    and the length is the whole run (`num_steps`), so Lightning sees one epoch.
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int, num_steps: int, start: int = 0,
+                 rank: int = 0, world_size: int = 1):
+        if size < 1:
+            raise ValueError("the training set is empty")
+        self.size, self.batch_size, self.seed = size, batch_size, seed
+        self.num_steps, self.start = num_steps, start
+        self.rank, self.world_size = rank, world_size
+        self.per_pass = math.ceil(size / batch_size)
+        self._perm: tuple[int, list[int]] | None = None
+
+    def batch(self, step: int) -> list[int]:
+        """The example indices of `step` on this rank."""
+        p, j = divmod(step * self.world_size + self.rank, self.per_pass)
+        if self._perm is None or self._perm[0] != p:
+            gen = torch.Generator().manual_seed(self.seed + p)
+            self._perm = (p, torch.randperm(self.size, generator=gen).tolist())
+        return self._perm[1][j * self.batch_size:(j + 1) * self.batch_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.start, self.num_steps):
+            yield self.batch(step)
+
+    def __len__(self) -> int:
+        return self.num_steps
 
 
 class GrammarRLDataModule(L.LightningDataModule):
@@ -28,6 +68,8 @@ class GrammarRLDataModule(L.LightningDataModule):
         splits = self.task.splits()
         limit = self.cfg.data.limit_train
         self.train = splits.train[:limit] if limit else splits.train
+        if not self.train:
+            raise DataError(f"task {self.task.name}: the training split is empty")
         size = self.cfg.trainer.val_size
         self.val = (self.train[:size], splits.dev[:size])
 
@@ -35,10 +77,19 @@ class GrammarRLDataModule(L.LightningDataModule):
         return batch  # text examples: tokenised and moved by the decoder and scorer
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.cfg.seed)
-        return DataLoader(self.train, batch_size=self.cfg.optim.batch_size, shuffle=True,
-                          generator=generator, collate_fn=_as_list, drop_last=False)
+        trainer = self.trainer
+        sampler = StepBatchSampler(
+            len(self.train), self.cfg.optim.batch_size, self.cfg.seed, self.cfg.optim.max_steps,
+            start=trainer.global_step if trainer is not None else 0,  # restored when resuming
+            rank=trainer.global_rank if trainer is not None else 0,
+            world_size=trainer.world_size if trainer is not None else 1,
+        )
+        # Own generator: creating the iterator must not draw from the global RNG (resume equality).
+        return DataLoader(self.train, batch_sampler=sampler, collate_fn=_as_list,
+                          generator=torch.Generator().manual_seed(self.cfg.seed))
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [DataLoader(v, batch_size=self.cfg.eval.batch_size, collate_fn=_as_list)
-                for v in self.val]
+        # Own generators: validation between steps must not draw from the global RNG (which the
+        # next step's LoRA dropout uses), or a resumed run would diverge.
+        return [DataLoader(v, batch_size=self.cfg.eval.batch_size, collate_fn=_as_list,
+                           generator=torch.Generator().manual_seed(self.cfg.seed)) for v in self.val]

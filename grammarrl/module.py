@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.errors import GrammarRLError, ModelError
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
 from grammarrl.rollout import collect_rollouts
 from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks.base import Example, Task
+
+
+class NonFiniteLossError(GrammarRLError):
+    """The loss became NaN or infinite: training stops before the update (last good checkpoint
+    kept)."""
 
 
 class GrammarRLModule(L.LightningModule):
@@ -34,6 +42,7 @@ class GrammarRLModule(L.LightningModule):
         self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)
         self.strict_loading = False  # checkpoints hold only the adapter (trainable) weights
         self.samples: list[dict[str, Any]] = []
+        self.last_checkpoint_step: int | None = None  # global step of the last checkpoint saved
 
     def setup(self, stage: str) -> None:
         # A distinct, reproducible sampling stream per rank (DDP: each rank rolls out its inputs).
@@ -67,8 +76,25 @@ class GrammarRLModule(L.LightningModule):
         policy_logp = self._policy_logp(out.prompts, out.groups)
         loss, parts = grammarrl_loss(policy_logp, out.ref_logp.to(policy_logp.device),
                                      advantages.to(policy_logp.device), self.cfg.beta)
+        if not torch.isfinite(loss).all():
+            self._stop_on_nonfinite(loss, rewards, policy_logp)
         self._log_step(out, rewards, advantages, loss, parts)
         return loss
+
+    def _stop_on_nonfinite(self, loss, rewards, policy_logp) -> None:
+        """Raise before backward/optimizer step: the adapter and last.ckpt stay the last good
+        ones."""
+        step = self.global_step
+        bad = [name for name, t in (("rewards", rewards), ("policy log-probs", policy_logp))
+               if not torch.isfinite(t).all()]
+        callback = self.trainer.checkpoint_callback if self._trainer is not None else None
+        path = getattr(callback, "last_model_path", "") or ""
+        kept = (f"last good checkpoint: {path} (after {self.last_checkpoint_step} steps)"
+                if path and self.last_checkpoint_step is not None else "no checkpoint was saved yet")
+        raise NonFiniteLossError(
+            f"training stopped: the loss is {loss.item()} at step {step + 1} "
+            f"(global_step {step}){' from non-finite ' + ' and '.join(bad) if bad else ''}; "
+            f"no update was applied; {kept}")
 
     def _log_step(self, out, rewards, advantages, loss, parts) -> None:
         gens = [g for group in out.groups for g in group]
@@ -120,3 +146,58 @@ class GrammarRLModule(L.LightningModule):
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
                                     if k in trainable}
+        # What an exact resume needs beyond weights, optimizer and loop progress: the sampling
+        # stream, the global RNGs (LoRA dropout) and the rollout samples logged so far.
+        checkpoint["grammarrl"] = {
+            "generator": self.generator.get_state(),
+            "rng": _rng_states(),
+            "samples": list(self.samples),
+        }
+        self.last_checkpoint_step = int(checkpoint.get("global_step", self.global_step))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Check that the checkpoint holds exactly this adapter (strict_loading is off because
+        the base weights are not saved), then restore the RNG streams."""
+        own = {n: p.shape for n, p in self.named_parameters() if p.requires_grad}
+        saved = checkpoint.get("state_dict", {})
+        missing = sorted(set(own) - set(saved))
+        unexpected = sorted(set(saved) - set(own))
+        wrong = sorted(n for n in set(own) & set(saved) if tuple(saved[n].shape) != tuple(own[n]))
+        if missing or unexpected or wrong:
+            detail = "; ".join(f"{what}: {len(names)} (e.g. {names[0]})" for what, names in
+                               (("missing", missing), ("unexpected", unexpected),
+                                ("wrong shape", wrong)) if names)
+            raise ModelError(
+                "the checkpoint does not fit this model and LoRA config (another base model, "
+                f"lora.r or target modules?): {detail}")
+        state = checkpoint.get("grammarrl")
+        if state is None:
+            return
+        if not hasattr(self, "generator"):
+            self.setup("fit")
+        self.generator.set_state(state["generator"])
+        _set_rng_states(state["rng"])
+        self.samples = list(state.get("samples", []))
+        self.last_checkpoint_step = int(checkpoint.get("global_step", 0))
+
+
+def _rng_states() -> dict[str, Any]:
+    """The global random states (torch CPU and CUDA, numpy, Python) as checkpointable data."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if states.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    name, keys, *rest = states["numpy"]
+    np.random.set_state((name, keys.numpy(), *rest))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+

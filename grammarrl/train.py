@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
 from grammarrl.datamodule import GrammarRLDataModule
+from grammarrl.errors import ConfigError, GrammarRLError, ModelError
 from grammarrl.models import add_lora, load_model, reference_mode
 from grammarrl.module import GrammarRLModule
-from grammarrl.results import run_dir
+from grammarrl.results import run_dir, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,112 @@ def sweep_group() -> str | None:
     return None
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to a temp file beside the target, fsynced, then renamed over it: a
+    kill or a full disk mid-write leaves the previous checkpoint intact. (Lightning's own write
+    stages the file in the system temp dir and moves it, a plain copy across filesystems.)"""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Any = None) -> None:
+        if "://" in str(path):  # remote storage: Lightning's fsspec transaction
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException as err:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            if isinstance(err, OSError):
+                raise GrammarRLError(f"cannot write checkpoint {path}: {err.strerror or err}; "
+                                     "the previous checkpoint there is intact") from err
+            raise
+
+
+def resolve_resume(cfg: DictConfig, out: Path) -> str | None:
+    """The checkpoint to resume from: `train.resume=auto` (default) takes `<run>/checkpoints/
+    last.ckpt` when it exists (a restarted run with the same run dir), null starts afresh, a
+    path must be a readable checkpoint. A corrupt or truncated checkpoint is a ModelError."""
+    value = cfg.train.resume
+    if value is None or str(value).lower() in ("null", "none", "false"):
+        return None
+    if str(value) == "auto":
+        path = out / "checkpoints" / "last.ckpt"
+        for stale in path.parent.glob(".*.tmp"):  # a write cut by a kill
+            stale.unlink(missing_ok=True)
+        if not path.is_file():
+            return None
+    else:
+        path = Path(str(value))
+        if not path.is_file():
+            raise ConfigError(f"train.resume={value}: no such checkpoint file "
+                              "(expected auto, null or the path of a .ckpt file)")
+    step = inspect_checkpoint(path)
+    log.info("Resuming from %s (%d steps done)", path, step)
+    return str(path)
+
+
+def inspect_checkpoint(path: Path) -> int:
+    """The global step of a training checkpoint; ModelError if it cannot be read as one."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:  # truncated zip, garbage, pickle errors: all mean "unreadable"
+        raise ModelError(
+            f"checkpoint {path} is corrupt or truncated ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200] if str(err) else ''}); delete it to start over, "
+            "or pass train.resume=null or another checkpoint") from err
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
+        raise ModelError(f"{path} is not a GrammarRL training checkpoint (no state_dict/global_step)")
+    return int(ckpt["global_step"])
+
+
+METRICS_KEPT = "metrics.resumed.csv"
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _write_rows(path: Path, rows: list[dict[str, str]]) -> None:
+    keys = sorted({k for row in rows for k in row})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+def stash_metrics(out: Path, resume_step: int) -> None:
+    """Lightning's CSV logger deletes metrics.csv when it starts: on resume, keep the rows of
+    the steps already done in metrics/metrics.resumed.csv (merged back by `merge_metrics`)."""
+    folder = out / "metrics"
+    current, kept = folder / "metrics.csv", folder / METRICS_KEPT
+    rows = [r for r in _read_rows(kept) + _read_rows(current)
+            if r.get("step") not in (None, "") and int(float(r["step"])) < resume_step]
+    if rows:
+        _write_rows(kept, rows)
+    current.unlink(missing_ok=True)
+
+
+def merge_metrics(out: Path) -> None:
+    """After a resumed run: metrics.csv = rows kept from before the restart + the new rows."""
+    folder = out / "metrics"
+    kept = folder / METRICS_KEPT
+    if kept.is_file():
+        _write_rows(folder / "metrics.csv", _read_rows(kept) + _read_rows(folder / "metrics.csv"))
+        kept.unlink()
+
+
 def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
     """A Lightning Trainer from the trainer/optim config groups."""
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -75,6 +186,8 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
         check_val_every_n_epoch=None, num_sanity_val_steps=0,
         log_every_n_steps=cfg.trainer.log_every_n_steps, logger=build_loggers(cfg, out),
         callbacks=[checkpoint], default_root_dir=str(out), enable_model_summary=False,
+        plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,  # the step-indexed batch sampler already splits by rank
     )
 
 
@@ -90,31 +203,39 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task)
     policy = add_lora(model, cfg.lora)
     module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
+    resume = resolve_resume(cfg, out)
+    if resume is not None:
+        stash_metrics(out, inspect_checkpoint(Path(resume)))
     trainer = build_trainer(cfg, out)
-    trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task), ckpt_path=cfg.train.resume)
-    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")  # the final step, resumable
+    trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task), ckpt_path=resume)
+    # The final step, resumable. Not reached when fit raised (e.g. a non-finite loss), so
+    # last.ckpt then stays the last good periodic checkpoint.
+    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
     if trainer.global_rank != 0:
         return {}
+    merge_metrics(out)
 
     policy.save_pretrained(out / "adapter")
     _save_samples(trainer, module.samples, out)
     policy.eval()
-    results = {"greedy": evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results")}
+    # results.json (greedy) is written last: its presence marks the run as complete (a sweep
+    # re-run skips the job), so a crash before it re-runs the evaluations on restart.
+    results = {}
     if cfg.train.eval_beam:
         results["beam"] = evaluate(cfg, policy, tokenizer, task, "beam", out, name="results_beam")
     if cfg.train.eval_baseline:
         with reference_mode(policy):
             results["baseline"] = evaluate(cfg, policy, tokenizer, task, "greedy", out,
                                            name="results_baseline")
+    results = {"greedy": evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results"),
+               **results}
     _print_summary(results)
     return results
 
 
 def _save_samples(trainer: L.Trainer, samples: list[dict[str, Any]], out: Path) -> None:
     """Rollout samples (first input of each step) as JSONL, and as a W&B table when logging there."""
-    with open(out / "samples.jsonl", "w") as f:
-        for row in samples:
-            f.write(json.dumps(row) + "\n")
+    write_jsonl(out / "samples.jsonl", samples)
     from lightning.pytorch.loggers import WandbLogger
 
     for logger in trainer.loggers:
