@@ -128,6 +128,10 @@ class ConstrainedDecoder:
         self._masks: MaskComputer | None = None
         # Prompts of one call sharing at least this many leading tokens prefill them once.
         self.min_shared_prefix = 32
+        # Cost accounting: model forward calls and token positions run (prefill tokens + one per
+        # decoded row per step), accumulated over the decoder's life; read and diff freely.
+        self.forward_calls = 0
+        self.forward_tokens = 0
 
     # ------------------------------------------------------------------ public API
 
@@ -204,6 +208,8 @@ class ConstrainedDecoder:
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False):
         kwargs = {"logits_to_keep": 1} if last_only else {}
+        self.forward_calls += 1
+        self.forward_tokens += int(input_ids.numel())
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

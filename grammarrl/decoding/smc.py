@@ -1,0 +1,320 @@
+"""Sequential Monte Carlo (and importance sampling) over the grammar-constrained decoder.
+
+Per prompt, N particles are extended one token at a time from the locally masked proposal
+q(y_t | x, y_<t) = softmax(logits / T) restricted to the tokens the grammar allows, as
+`ConstrainedDecoder.sample` does (same prefill, same shared KV cache, same uniforms from the same
+generator: with resampling off and T = 1 the particles ARE `decoder.sample`'s samples). The
+log weight of a particle accumulates
+
+    log p(y_t | x, y_<t) - log q(y_t | x, y_<t)       (= log allowed mass at T = 1)
+
+so that after the last step w(y) = p(y | x) / q(y | x): properly weighted for the target
+p(y | x) 1[y in L(G)] (Loula et al. 2025; exact, where the paper's AWRS estimates the mass by
+rejection). A `Twist` (an "expensive potential" Phi) multiplies the target: on every step the
+weight gains log Phi(prefix') - log Phi(prefix), and on completion log Phi(y) - log Phi(prefix),
+so the final weight is p(y)/q(y) * Phi(y) (telescoping) whatever the schedule.
+
+When the effective sample size 1 / sum(w_norm^2) of a prompt's population falls below
+`ess_threshold * N` the population is resampled (multinomial, from its own generator): finished
+particles are copied as records, live ones are forked (matchers `deep_copy`, KV cache rows
+duplicated), and every weight is set to the population's mean weight (log-sum-exp minus log N).
+Finished particles stay in the population with fixed weights, as in genlm-control.
+`ess_threshold = 0` never resamples: importance sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from grammarrl.decoding.cache import assemble, select_rows
+from grammarrl.decoding.decoder import NEG_INF, SAMPLE, ConstrainedDecoder, _dead, _Row, _sample
+from grammarrl.decoding.grammar import MaskComputer
+from grammarrl.decoding.types import Generation
+
+
+class Twist(Protocol):
+    """An expensive potential Phi for the particle loop (log values; -inf kills a particle).
+
+    `on_prefix`: evaluate `prefix` after every token (SMC twisting); False: only `complete`.
+    `prefix(prompt, text)` judges a partial output (also used for outputs cut at the token
+    limit); `complete(prompt, texts)` judges finished outputs of one prompt, in one batch.
+    `prompt` is the prompt's index in the call.
+    """
+
+    on_prefix: bool
+
+    def prefix(self, prompt: int, text: str) -> float: ...
+
+    def complete(self, prompt: int, texts: list[str]) -> list[float]: ...
+
+
+@dataclass
+class ParticleSet:
+    """The final population of one prompt.
+
+    `log_weights[i]` = log p(y_i)/q(y_i) + log Phi(y_i) (+ the constant of any resampling);
+    `potentials[i]` = the log Phi included in it (complete outputs: `complete`, others: the
+    last `prefix` value; 0 without a twist). `proposal_log_weights[i]` = log_weights - potentials:
+    the local-masking correction alone (equal to the sum of log allowed mass when no
+    resampling happened). Resampled copies share their Generation object.
+    """
+
+    generations: list[Generation]
+    log_weights: list[float]
+    potentials: list[float]
+    resamples: int = 0
+    ess_trace: list[float] = field(default_factory=list)  # ESS after each step's reweighting
+
+    @property
+    def proposal_log_weights(self) -> list[float]:
+        return [w - p if math.isfinite(p) else w for w, p in zip(self.log_weights, self.potentials)]
+
+
+class _Particle:
+    __slots__ = ("done", "gen", "logw", "row", "twist")
+
+    def __init__(self, row: _Row | None, logw: float = 0.0, twist: float = 0.0):
+        self.row = row
+        self.logw = logw
+        self.twist = twist  # the log Phi currently included in logw
+        self.gen: Generation | None = None
+        self.done = False
+
+
+def log_ess(log_weights: list[float]) -> float:
+    """log of the effective sample size 1 / sum(w_norm^2); -inf when every weight is zero."""
+    finite = [w for w in log_weights if w != NEG_INF]
+    if not finite:
+        return NEG_INF
+    w = torch.tensor(finite, dtype=torch.float64)
+    return float(2 * torch.logsumexp(w, 0) - torch.logsumexp(2 * w, 0))
+
+
+def smc(
+    decoder: ConstrainedDecoder,
+    prompts: list[list[int]],
+    num_particles: int,
+    twist: Twist | None = None,
+    ess_threshold: float = 1 / 3,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    resample_generator: torch.Generator | None = None,
+) -> list[ParticleSet]:
+    """Run SMC (IS when `ess_threshold` is 0) with `num_particles` particles per prompt."""
+    if num_particles < 1:
+        raise ValueError(f"num_particles must be >= 1, got {num_particles}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0.0 <= ess_threshold <= 1.0:
+        raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold}")
+    prompts = [list(map(int, p)) for p in prompts]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt")
+    if not prompts:
+        return []
+    model = decoder.model
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            return _Loop(
+                decoder, prompts, num_particles, twist, ess_threshold, temperature, generator,
+                resample_generator,
+            ).run()
+    finally:
+        if was_training:
+            model.train()
+
+
+class _Loop:
+    def __init__(self, decoder, prompts, n, twist, ess_threshold, temperature, generator,
+                 resample_generator):
+        self.decoder = decoder
+        self.prompts = prompts
+        self.n = n
+        self.twist = twist
+        self.threshold = ess_threshold
+        self.temperature = float(temperature)
+        self.generator = generator
+        self.resample_generator = resample_generator
+        self.on_prefix = bool(twist is not None and twist.on_prefix)
+        # Without resampling no weight steers anything: completion potentials are scored at
+        # the end, one batch per prompt (same values, fewer model calls for a reverse score).
+        self.defer = twist is not None and ess_threshold == 0
+        self.resamples = [0] * len(prompts)
+        self.ess_trace: list[list[float]] = [[] for _ in prompts]
+
+    def run(self) -> list[ParticleSet]:
+        dec = self.decoder
+        device = dec.device
+        grammar = dec.grammar
+        stop, max_new, n = dec.stop_token_id, dec.max_new_tokens, self.n
+
+        first_logits, caches, lengths = [], [], []
+        width = max(len(p) for p in self.prompts)
+        prefix = dec._shared_prefix(self.prompts)
+        self.population: list[list[_Particle]] = []
+        live: list[_Particle] = []
+        for p, prompt in enumerate(self.prompts):
+            logits, cache = dec._prefill(prompt, prefix)
+            first_logits.append(logits.expand(n, -1))
+            caches.append(cache)
+            lengths.append(len(prompt))
+            group = []
+            for j in range(n):
+                row = _Row(p, SAMPLE, j, grammar.matcher(), width - len(prompt), len(prompt))
+                group.append(_Particle(row))
+            self.population.append(group)
+            live.extend(group)
+        logits = torch.cat(first_logits, dim=0)
+        cache = assemble(caches, lengths, [n] * len(self.prompts))
+        del caches, prefix
+        if dec._masks is None or dec._masks.width != logits.shape[1]:
+            dec._masks = MaskComputer(grammar, logits.shape[1], device)
+        masks = dec._masks
+
+        while live:
+            allowed = masks.allowed([pt.row.matcher for pt in live])
+            lse_all = torch.logsumexp(logits, dim=-1)
+            masked = torch.where(allowed, logits, NEG_INF)
+            lse_allowed = torch.logsumexp(masked, dim=-1)
+            lse_safe = torch.where(lse_allowed.isfinite(), lse_allowed, 0.0)
+            if self.temperature == 1.0:
+                sub, log_norm = masked, lse_safe
+            else:
+                sub = masked / self.temperature
+                log_norm = torch.logsumexp(sub, dim=-1)
+                log_norm = torch.where(log_norm.isfinite(), log_norm, 0.0)
+            tok = _sample(sub, log_norm, self.generator)
+            ar = torch.arange(len(live), device=device)
+            chosen = logits[ar, tok]
+            lu = chosen - lse_all
+            lc = chosen - lse_allowed
+            lm = lse_allowed - lse_all
+            lq = sub[ar, tok] - log_norm  # log q(token): the proposal's own probability
+            table = torch.stack(
+                [tok.double(), lu.double(), lc.double(), lm.double(), lq.double()], dim=1
+            ).tolist()  # the one host sync of the step
+
+            completed: dict[int, list[_Particle]] = {}
+            for pt, (t, u, c, m, q) in zip(live, table):
+                row, t = pt.row, int(t)
+                if m == NEG_INF:  # the grammar allows nothing here: the particle dies
+                    self._finish(pt, False, False, error=_dead(row), dead=True)
+                    continue
+                row.push(t, u, c, m)
+                # p/q of this token; at T = 1 exactly the recorded allowed mass.
+                pt.logw += m if self.temperature == 1.0 else u - q
+                if t == stop:
+                    self._finish(pt, True, False)
+                    completed.setdefault(row.prompt, []).append(pt)
+                elif not row.matcher.consume_token(t):
+                    self._finish(pt, False, False, error=row.matcher.get_error(), dead=True)
+                else:
+                    if self.on_prefix:
+                        self._retwist(pt, self.twist.prefix(row.prompt, grammar.decode(row.tokens)))
+                    if len(row.tokens) >= max_new:
+                        self._finish(pt, False, True)
+            if self.twist is not None and not self.defer:
+                for p, done in completed.items():
+                    values = self.twist.complete(p, [pt.gen.text for pt in done])
+                    for pt, value in zip(done, values):
+                        self._retwist(pt, value)
+
+            # Reweighted: record ESS, resample where it is too low; gather the live rows with
+            # the cache row each one continues (resampled copies fork their parent's row).
+            position = {id(pt): i for i, pt in enumerate(live)}
+            new_live: list[_Particle] = []
+            new_src: list[int] = []
+            for p, group in enumerate(self.population):
+                if all(pt.done for pt in group):
+                    continue
+                log_e = log_ess([pt.logw for pt in group])
+                self.ess_trace[p].append(math.exp(log_e) if log_e > NEG_INF else 0.0)
+                sources = {id(pt): position.get(id(pt)) for pt in group}
+                if self.threshold > 0 and NEG_INF < log_e < math.log(self.threshold * n):
+                    group, sources = self._resample(p, group, position)
+                for pt in group:
+                    if not pt.done:
+                        new_live.append(pt)
+                        new_src.append(sources[id(pt)])
+            if not new_live:
+                break
+            trim = min(pt.row.pad for pt in new_live)
+            identity = new_src == list(range(len(live)))
+            if not identity or trim:
+                index = None if identity else torch.tensor(new_src, device=device)
+                select_rows(cache, index, trim)
+                for pt in new_live:
+                    pt.row.pad -= trim
+            live = new_live
+            rows = [pt.row for pt in live]
+            length = cache.get_seq_length() + 1
+            pads = torch.tensor([r.pad for r in rows], device=device)
+            attention = torch.arange(length, device=device).unsqueeze(0) >= pads.unsqueeze(1)
+            input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
+            positions = torch.tensor([[r.plen + len(r.tokens) - 1] for r in rows], device=device)
+            logits, cache = dec._forward(input_ids, attention.long(), positions, cache)
+
+        if self.defer:
+            for p, group in enumerate(self.population):
+                done = [pt for pt in group if pt.gen.finished and pt.logw != NEG_INF]
+                if done:
+                    values = self.twist.complete(p, [pt.gen.text for pt in done])
+                    for pt, value in zip(done, values):
+                        self._retwist(pt, value)
+        return [
+            ParticleSet(
+                generations=[pt.gen for pt in group],
+                log_weights=[pt.logw for pt in group],
+                potentials=[pt.twist for pt in group],
+                resamples=self.resamples[p],
+                ess_trace=self.ess_trace[p],
+            )
+            for p, group in enumerate(self.population)
+        ]
+
+    def _retwist(self, pt: _Particle, value: float) -> None:
+        if pt.logw != NEG_INF:
+            pt.logw = pt.logw + value - pt.twist if value != NEG_INF else NEG_INF
+        pt.twist = value
+
+    def _finish(self, pt, finished, truncated, error=None, dead=False) -> None:
+        pt.gen = self.decoder._generation(pt.row, finished, truncated, error)
+        pt.done = True
+        if dead:
+            pt.logw = NEG_INF
+
+    def _resample(self, p: int, group: list[_Particle], position: dict[int, int]):
+        """Multinomial resampling of prompt p's population: installs the new population and
+        returns it with, per live particle id, the cache row it continues."""
+        n = self.n
+        logw = torch.tensor([pt.logw for pt in group], dtype=torch.float64)
+        total = torch.logsumexp(logw, 0)
+        probs = torch.exp(logw - total)
+        draws = torch.multinomial(probs, n, replacement=True, generator=self.resample_generator)
+        mean = float(total - math.log(n))
+        ancestors = sorted(int(a) for a in draws.tolist())
+        uses: dict[int, int] = {}
+        for a in ancestors:
+            uses[a] = uses.get(a, 0) + 1
+        new_group, sources = [], {}
+        for a in ancestors:
+            parent = group[a]
+            uses[a] -= 1
+            if parent.done:
+                child = _Particle(None, mean, parent.twist)
+                child.gen, child.done = parent.gen, True
+            else:
+                # every copy but the last of a parent gets a forked matcher
+                matcher = parent.row.matcher if uses[a] == 0 else parent.row.matcher.deep_copy()
+                child = _Particle(parent.row.child(matcher), mean, parent.twist)
+                sources[id(child)] = position[id(parent)]
+            new_group.append(child)
+        self.population[p] = new_group
+        self.resamples[p] += 1
+        return new_group, sources

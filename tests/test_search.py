@@ -1,0 +1,417 @@
+"""Inference-time methods on the `tiny` model: IS weights against brute force, SMC reduces to IS,
+resampled particles keep exact per-token records, Sample-Rerank and posterior-mode selection,
+potentials, and mode=search end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from grammarrl.chat import encode_prompt, end_of_turn_id
+from grammarrl.config import validate
+from grammarrl.decoding import ConstrainedDecoder, Generation
+from grammarrl.decoding.smc import ParticleSet, log_ess, smc
+from grammarrl.errors import ConfigError
+from grammarrl.rewards import ReferenceScorer
+from grammarrl.search.methods import (
+    normalized_weights,
+    posterior_draws,
+    posterior_mode,
+    rerank,
+)
+from grammarrl.search.potentials import (
+    ConllPotential,
+    GlossPotential,
+    Potential,
+    ReversePotential,
+    conll_fields,
+    conll_penalty,
+    gloss_penalty,
+    gloss_terms_of,
+)
+from grammarrl.tasks.base import Example
+from tests.conftest import compose_config
+from tests.test_decoding import (
+    Sharpened,
+    allowed_mask,
+    assert_valid,
+    fresh_matcher,
+    full_logits,
+    step_records,
+    teacher_forced,
+)
+from tests.test_rewards import ToyTask
+
+JSON_GRAMMAR = r"""
+start: "{\"color\": \"" COLOR "\", \"n\": " NUM "}"
+COLOR: "red" | "green" | "blue" | "dark red"
+NUM: /[0-9]{1,2}/
+"""
+WORDS_GRAMMAR = r"""
+start: FIRST REST*
+FIRST: "cat" | "dog" | "bird" | "horse"
+REST: " cat" | " dog" | " bird" | " horse"
+"""
+MESSAGES = ["hi", "What colour is the sky on a clear day?", "x y z"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return Sharpened(tiny[0], 4.0)  # peaked enough for the mask to matter, still random
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    return tiny[1]
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [encode_prompt(tok, [{"role": "user", "content": m}]) for m in MESSAGES]
+
+
+def brute_log_weight(model, tok, grammar, prompt, tokens, temperature=1.0):
+    """log p(y)/q(y) from scratch: full forwards without cache, fresh matcher; p = unconstrained
+    softmax, q = the masked softmax at `temperature`."""
+    stop = end_of_turn_id(tok)
+    matcher = fresh_matcher(tok, grammar)
+    total = 0.0
+    for i, t in enumerate(tokens):
+        logits = full_logits(model, prompt + tokens[:i])
+        masked, lse_all, _ = step_records(logits, allowed_mask(matcher, logits.numel()))
+        log_q = torch.log_softmax(masked / temperature, -1)[t]
+        total += float(logits[t] - lse_all) - float(log_q)
+        if t != stop:
+            assert matcher.consume_token(t)
+    return total
+
+
+class TextPotential:
+    """A twist from plain functions of the text (for tests)."""
+
+    def __init__(self, prefix=None, complete=None, on_prefix=True):
+        self._prefix = prefix or (lambda p, text: 0.0)
+        self._complete = complete or (lambda p, text: 0.0)
+        self.on_prefix = on_prefix
+        self.complete_calls = 0
+
+    def prefix(self, prompt, text):
+        return self._prefix(prompt, text)
+
+    def complete(self, prompt, texts):
+        self.complete_calls += 1
+        return [self._complete(prompt, t) for t in texts]
+
+
+# --------------------------------------------------------------------------- weights
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_is_weights_equal_p_over_q_by_brute_force(model, tok, prompts, temperature):
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
+    sets = smc(decoder, prompts[:2], 4, ess_threshold=0.0, temperature=temperature,
+               generator=torch.Generator().manual_seed(3))
+    checked = 0
+    for prompt, ps in zip(prompts[:2], sets):
+        assert len(ps.generations) == 4 and ps.resamples == 0
+        for gen, logw, pot in zip(ps.generations, ps.log_weights, ps.potentials):
+            assert_valid(tok, JSON_GRAMMAR, gen, 20)
+            assert pot == 0.0
+            expected = brute_log_weight(model, tok, JSON_GRAMMAR, prompt, gen.token_ids,
+                                        temperature)
+            assert logw == pytest.approx(expected, abs=2e-4)
+            if temperature == 1.0:  # p/q of the masked softmax = the allowed mass
+                assert logw == pytest.approx(gen.sum_log_allowed_mass, abs=1e-9)
+            checked += 1
+    assert checked == 8
+    # the weights are not trivial: particles differ in weight
+    assert max(sets[0].log_weights) - min(sets[0].log_weights) > 1e-3
+
+
+def test_smc_without_resampling_is_decoder_sampling(model, tok, prompts):
+    """Same generator seed: the particles are exactly decoder.sample's samples, and their
+    weights the summed allowed mass (the proposal is unchanged by the particle loop)."""
+    decoder = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=8)
+    samples = decoder.sample(prompts, 5, generator=torch.Generator().manual_seed(11))
+    sets = smc(decoder, prompts, 5, ess_threshold=0.0, generator=torch.Generator().manual_seed(11))
+    for gens, ps in zip(samples, sets):
+        assert [g.token_ids for g in gens] == [g.token_ids for g in ps.generations]
+        assert [g.finished for g in gens] == [g.finished for g in ps.generations]
+        for g, w in zip(gens, ps.log_weights):
+            assert w == pytest.approx(g.sum_log_allowed_mass, abs=1e-6)
+
+
+def test_smc_with_constant_potential_and_no_resampling_reduces_to_is(model, tok, prompts):
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
+    const = -2.5
+    twist = TextPotential(lambda p, t: const, lambda p, t: const, on_prefix=True)
+    plain = smc(decoder, prompts, 6, ess_threshold=0.0, generator=torch.Generator().manual_seed(5))
+    twisted = smc(decoder, prompts, 6, twist=twist, ess_threshold=0.0,
+                  generator=torch.Generator().manual_seed(5))
+    for a, b in zip(plain, twisted):
+        assert [g.token_ids for g in a.generations] == [g.token_ids for g in b.generations]
+        for wa, wb in zip(a.log_weights, b.log_weights):
+            assert wb == pytest.approx(wa + const, abs=1e-9)
+        # normalised weights (what selection and ESS see) are identical
+        assert normalized_weights(a.log_weights) == pytest.approx(normalized_weights(b.log_weights))
+        assert posterior_mode(a) == posterior_mode(b)
+        assert b.proposal_log_weights == pytest.approx(a.log_weights)
+
+
+def test_twist_telescopes_to_the_complete_potential(model, tok, prompts):
+    """A prefix twist changes only the path; without resampling the final weight is
+    p/q * Phi(y) whatever the prefix values were."""
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
+    twist = TextPotential(lambda p, t: -0.1 * len(t), lambda p, t: -1.0 if "red" in t else 0.0)
+    plain = smc(decoder, prompts, 4, ess_threshold=0.0, generator=torch.Generator().manual_seed(2))
+    twisted = smc(decoder, prompts, 4, twist=twist, ess_threshold=0.0,
+                  generator=torch.Generator().manual_seed(2))
+    for a, b in zip(plain, twisted):
+        for g, wa, wb, pot in zip(a.generations, a.log_weights, b.log_weights, b.potentials):
+            assert g.finished
+            phi = -1.0 if "red" in g.text else 0.0
+            assert pot == phi and wb == pytest.approx(wa + phi, abs=1e-9)
+
+
+def test_resampling_forks_particles_with_exact_records(model, tok, prompts):
+    """With resampling forced at every uneven step, every final particle still carries the
+    per-token log-probs of teacher forcing (KV rows and matchers forked together), the
+    population keeps N members, and resampling equalises the weights."""
+    decoder = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=6)
+    twist = TextPotential(lambda p, t: -1.5 * t.count("dog"), lambda p, t: -1.5 * t.count("dog"))
+    sets = smc(decoder, prompts, 6, twist=twist, ess_threshold=1.0,
+               generator=torch.Generator().manual_seed(0),
+               resample_generator=torch.Generator().manual_seed(1))
+    assert sum(ps.resamples for ps in sets) >= 3
+    for prompt, ps in zip(prompts, sets):
+        assert len(ps.generations) == len(ps.log_weights) == 6
+        for gen in {id(g): g for g in ps.generations}.values():
+            assert_valid(tok, WORDS_GRAMMAR, gen, 6)
+            lu, lc, lm = teacher_forced(model, tok, WORDS_GRAMMAR, prompt, gen.token_ids)
+            assert gen.logp_unconstrained == pytest.approx(lu, abs=2e-4)
+            assert gen.log_allowed_mass == pytest.approx(lm, abs=2e-4)
+        # potentials recorded = the twist of the particle's final text
+        for gen, pot in zip(ps.generations, ps.potentials):
+            assert pot == -1.5 * gen.text.count("dog")
+
+
+def test_resampling_follows_the_potential(model, tok, prompts):
+    """A strong potential against a word steers SMC away from it (IS keeps the proposal's rate)."""
+    decoder = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=4)
+    twist = TextPotential(lambda p, t: -8.0 * t.count("cat"), lambda p, t: -8.0 * t.count("cat"))
+    n = 12
+
+    def cat_rate(threshold):
+        sets = smc(decoder, prompts, n, twist=twist, ess_threshold=threshold,
+                   generator=torch.Generator().manual_seed(4),
+                   resample_generator=torch.Generator().manual_seed(4))
+        gens = [g for ps in sets for g in ps.generations]
+        return sum("cat" in g.text for g in gens) / len(gens)
+
+    assert cat_rate(1.0) < cat_rate(0.0)
+
+
+def test_dead_particles_have_zero_weight(model, tok, prompts):
+    decoder = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=4)
+    twist = TextPotential(lambda p, t: 0.0, lambda p, t: float("-inf"), on_prefix=False)
+    sets = smc(decoder, prompts[:1], 4, twist=twist, ess_threshold=0.0,
+               generator=torch.Generator().manual_seed(0))
+    ps = sets[0]
+    for gen, w in zip(ps.generations, ps.log_weights):
+        assert (w == float("-inf")) == gen.finished
+    if all(g.finished for g in ps.generations):
+        assert normalized_weights(ps.log_weights) is None and log_ess(ps.log_weights) == -math.inf
+
+
+def test_completion_potential_is_scored_once_per_prompt_without_resampling(model, tok, prompts):
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
+    twist = TextPotential(complete=lambda p, t: -float(len(t)), on_prefix=False)
+    smc(decoder, prompts, 5, twist=twist, ess_threshold=0.0,
+        generator=torch.Generator().manual_seed(0))
+    assert twist.complete_calls == len(prompts)  # deferred: one batch per prompt
+
+
+def test_forward_tokens_count_prefill_and_decode_rows(model, tok, prompts):
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
+    gen = decoder.greedy(prompts[:1])[0]
+    assert gen.finished
+    assert decoder.forward_tokens == len(prompts[0]) + gen.num_tokens - 1
+    before = decoder.forward_tokens
+    sets = smc(decoder, prompts[:1], 3, ess_threshold=0.0,
+               generator=torch.Generator().manual_seed(0))
+    lengths = [g.num_tokens for g in sets[0].generations]
+    # one prefill, then every live row once per step after the first
+    assert decoder.forward_tokens - before == len(prompts[0]) + sum(n - 1 for n in lengths)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _gen(text, finished=True, logp=-1.0):
+    return Generation([1], text, [logp], [logp], [0.0], finished, not finished, "sample")
+
+
+def test_rerank_picks_the_argmax_of_the_potential(model, tok, prompts):
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
+
+    def phi(p, text):
+        return -abs(len(text) - 30) - 0.01 * sum(map(ord, text)) % 1
+
+    twist = TextPotential(complete=phi, on_prefix=False)
+    sets = smc(decoder, prompts, 8, twist=twist, ess_threshold=0.0,
+               generator=torch.Generator().manual_seed(9))
+    for ps in sets:
+        i = rerank(ps)
+        values = [phi(0, g.text) for g in ps.generations]
+        assert ps.potentials == values
+        assert values[i] == max(v for v, g in zip(values, ps.generations) if g.finished)
+    # ties go to the higher proposal weight; complete beats a higher-potential truncated sample
+    ps = ParticleSet([_gen("a"), _gen("b"), _gen("c", finished=False)], [-3.0, -1.0, 5.0],
+                     [-1.0, -1.0, 0.0])
+    assert rerank(ps) == 1
+
+
+def test_posterior_mode_groups_prefers_complete_and_breaks_ties_by_lm():
+    ps = ParticleSet([_gen("x"), _gen("y"), _gen("x"), _gen("z", finished=False)],
+                     [math.log(0.25), math.log(0.4), math.log(0.25), math.log(5.0)],
+                     [0.0] * 4)
+    assert ps.generations[posterior_mode(ps)].text == "x"  # 0.5 beats 0.4; z is truncated
+    tie = ParticleSet([_gen("a", logp=-5.0), _gen("b", logp=-2.0)], [0.0, 0.0], [0.0, 0.0])
+    assert posterior_mode(tie) == 1
+    dead = ParticleSet([_gen("a", logp=-5.0), _gen("b", logp=-2.0)], [-math.inf, -math.inf],
+                       [0.0, 0.0])
+    assert normalized_weights(dead.log_weights) is None and posterior_mode(dead) == 1
+
+
+def test_posterior_draws_follow_the_weights():
+    ps = ParticleSet([_gen("a"), _gen("b"), _gen("c", finished=False)],
+                     [math.log(0.9), math.log(0.1), 10.0], [0.0] * 3)
+    draws = posterior_draws([ps], 400, seed=0)
+    share = sum(d[0].text == "a" for d in draws) / 400
+    assert 0.84 < share < 0.96  # truncated "c" is never drawn while complete ones exist
+    assert all(d[0].text != "c" for d in draws)
+
+
+# --------------------------------------------------------------------------- potentials
+
+
+def test_conll_potential_rules():
+    sentence = "John Smith visited Germany and the Netherlands ."
+    assert conll_penalty(sentence, {"person": "John Smith", "location": "Germany"}) == 0.0
+    assert conll_penalty(sentence, {"person": "Paris"}) == -3.0  # not in the sentence
+    assert conll_penalty(sentence, {"location": "German"}) == -1.5  # only inside "Germany"
+    assert conll_penalty(sentence, {"location": "Germany", "misc": "Germany"}) == -1.0
+    assert conll_penalty(sentence, {"a": "Germany", "b": "Germany", "c": "Germany"}) == -2.0
+    prefix = '{"person": "Paris", "organization": "Germ'
+    assert conll_fields(prefix) == {"person": "Paris"}  # the open field is not judged yet
+    ex = Example("u", sentence, "")
+    pot = ConllPotential()
+    assert pot.prefix(ex, prefix) == -3.0
+    full = '{"person": "John Smith", "organization": "", "location": "Germa", "misc": ""}'
+    assert pot.complete(ex, [full]) == [-1.5]
+
+
+def test_gloss_potential_rules():
+    src = "the committee approved the new budget for schools"
+    good = gloss_terms_of("COMMITTEE APPROVE NEW-DESC BUDGET FOR SCHOOL", True)
+    assert gloss_penalty(src, good, complete=True) == 0.0
+    assert gloss_penalty(src, good + ["BANANA"], complete=True) == -0.5  # precision
+    assert gloss_penalty(src, ["COMMITTEE", "BE", "NOT-DESC"], complete=False) == 0.0  # function
+    missing = gloss_terms_of("COMMITTEE APPROVE", True)
+    assert gloss_penalty(src, missing, complete=False) == 0.0  # coverage: complete only
+    assert gloss_penalty(src, missing, complete=True) == -1.5  # new, budget, schools
+    assert gloss_penalty(src, ["BUDGET"] * 2 + ["SCHOOL"], complete=False) == 0.0  # run of 2 ok
+    assert gloss_penalty(src, ["BUDGET"] * 4, complete=False) == -1.0  # one run of >= 3
+    assert gloss_penalty(src, ["BANANA"] * 7 + ["X"], complete=False) == -0.5 * 5 - 1.0  # capped
+    pot = GlossPotential()
+    ex = Example("u", src, "")
+    assert pot.prefix(ex, "COMMITTEE BAN") == 0.0  # the last term may still grow
+    assert pot.prefix(ex, "COMMITTEE BANANA ") == -0.5
+
+
+def test_reverse_potential_is_the_summed_reverse_likelihood(tiny):
+    model, tok = tiny
+    task = ToyTask(["alpha", "beta", "gamma"])
+    scorer = ReferenceScorer(model, tok, task)
+    pot = ReversePotential(scorer, batch_size=2)
+    ex = Example("u", "a short sentence about beta", "beta")
+    texts = ["alpha", "beta", "gamma"]
+    values = pot.complete(ex, texts)
+    prompt = encode_prompt(tok, task.forward_messages(ex))
+    cands = [tok.encode(t, add_special_tokens=False) for t in texts]
+    ref = scorer.score(ex, prompt, cands, texts)
+    n_x = len(scorer.input_ids(ex))
+    assert values == pytest.approx([float(r) * n_x for r in ref.reverse], abs=1e-3)
+    assert pot.forward_tokens > 0 and pot.forward_calls == 2
+    bound = pot.bind([ex])
+    assert bound.complete(0, ["beta", "beta"]) == pytest.approx([values[1]] * 2)
+
+
+def test_potential_none_and_bind_memoises():
+    calls = []
+
+    class Counting(Potential):
+        on_prefix = True
+
+        def prefix(self, example, text):
+            calls.append(text)
+            return -1.0
+
+    bound = Counting().bind([Example("u", "x", "")])
+    assert bound.prefix(0, "ab") == bound.prefix(0, "ab") == -1.0
+    assert calls == ["ab"]
+    assert Potential().complete(Example("u", "x", ""), ["a", "b"]) == [0.0, 0.0]
+
+
+# --------------------------------------------------------------------------- mode=search
+
+
+def test_search_config_validation():
+    validate(compose_config(["mode=search", "search.method=smc"]))
+    with pytest.raises(ConfigError, match="search.method"):
+        validate(compose_config(["mode=search", "search.method=beam"]))
+    with pytest.raises(ConfigError, match="search.potential"):
+        validate(compose_config(["mode=search", "task=wos", "search.potential=task"]))
+    with pytest.raises(ConfigError, match="search.particles"):
+        validate(compose_config(["mode=search", "search.particles=0"]))
+
+
+def _search_cfg(tmp_path, method, extra=()):
+    return compose_config([
+        "mode=search", "model=tiny", "task=conll", "logger=none", f"search.method={method}",
+        "search.particles=3", "search.posterior_draws=5", "eval.num_test_sets=2",
+        "eval.test_size=2", "task.max_new_tokens=16", f"cache_dir={tmp_path}/cache", *extra,
+    ])
+
+
+def test_run_search_end_to_end_writes_results_and_pairs_rerank_with_is(tiny, tmp_path):
+    from grammarrl.search.run import search
+    from grammarrl.tasks import load_task
+
+    model, tok = tiny
+    records = {}
+    for method in ("is", "rerank", "smc"):
+        cfg = _search_cfg(tmp_path, method, ["search.potential=task"] if method == "smc" else [])
+        validate(cfg)
+        task = load_task(cfg)
+        out = tmp_path / method
+        res = search(cfg, model, tok, task, out, progress=False)
+        saved = json.loads((out / "results.json").read_text())
+        rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        assert saved["decoding"] == method and saved["particles"] == 3
+        assert len(saved["scores"]) == 2 and len(rows) == 4
+        for key in ("mean_ess", "complete_selected", "weights_vanished", "posterior_weighted"):
+            assert key in saved["diagnostics"]
+        assert saved["cost"] > 0 and saved["cost_tokens"] > 1.0  # N rows decode vs one greedy
+        assert all(len(r["particles"]) == 3 for r in rows)
+        records[method] = (res, rows)
+    (is_res, is_rows), (rr_res, rr_rows) = records["is"], records["rerank"]
+    # same seed, same particles: rerank's output is derived from the IS population
+    assert [r["particles"] for r in is_rows] == [r["particles"] for r in rr_rows]
+    assert is_res["selections"]["rerank"]["scores"] == rr_res["scores"]
+    assert rr_res["selections"]["is"]["scores"] == is_res["scores"]
+    assert records["smc"][0]["potential"] == "task"
+    assert is_res["potential"] == "reverse"
