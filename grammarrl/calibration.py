@@ -54,6 +54,10 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
     if cfg.reward.sigma_direct is not None and cfg.reward.sigma_reverse is not None:
         return float(cfg.reward.sigma_direct), float(cfg.reward.sigma_reverse), "config"
     entry = _read(calibration_file(cfg)).get(calibration_key(cfg))
+    if entry is not None and entry.get("data_dir") != cfg.data.dir:
+        log.warning("ignoring the calibrated σ's of %s: measured on data.dir=%s, not %s",
+                    calibration_key(cfg), entry.get("data_dir"), cfg.data.dir)
+        entry = None
     if entry is not None:
         return entry["sigma_direct"], entry["sigma_reverse"], str(calibration_file(cfg))
     paper = cfg.task.sigmas.get(cfg.model.name, {}).get(

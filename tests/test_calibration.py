@@ -30,9 +30,11 @@ def test_paper_table_for_llama_and_none_for_smollm2(tmp_path):
 
 def test_calibration_file_replaces_paper_and_config_wins(tmp_path):
     cfg = _cfg(tmp_path, "task=wos", "model=1b")
-    path = store_sigmas(cfg, {"sigma_direct": 0.4, "sigma_reverse": 0.03})
+    path = store_sigmas(cfg, {"sigma_direct": 0.4, "sigma_reverse": 0.03, "data_dir": cfg.data.dir})
     store_sigmas(_cfg(tmp_path, "task=conll", "model=1b"), {"sigma_direct": 0.9, "sigma_reverse": 0.2})
     assert set(json.loads(path.read_text())) == {"wos/1b/n3_b3", "conll/1b/n3_b3"}
     assert lookup_sigmas(cfg)[:2] == (0.4, 0.03)
+    other_data = _cfg(tmp_path, "task=wos", "model=1b", "data.dir=/elsewhere")
+    assert lookup_sigmas(other_data)[2] == "paper table"  # measured on other data: not reused
     explicit = _cfg(tmp_path, "task=wos", "model=1b", "reward.sigma_direct=2", "reward.sigma_reverse=3")
     assert lookup_sigmas(explicit) == (2.0, 3.0, "config")
