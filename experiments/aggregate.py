@@ -35,8 +35,11 @@ def runs_listing(runs: Sequence[Run], finished: Callable[[Run], bool], roots: Se
     for run in runs:
         rel = next((str(run.path.relative_to(r)) for r in roots if run.path.is_relative_to(r)),
                    str(run.path))
-        lines.append(f"| {rel or '.'} | {'ok' if finished(run) else '**missing**'} | "
-                     f"{run.describe()} |")
+        status = "ok" if finished(run) else "**missing**"
+        if not finished(run) and run.failure:
+            error = " ".join(run.failure.split()).replace("|", "\\|")[:300]
+            status = f"**failed**: {error}"
+        lines.append(f"| {rel or '.'} | {status} | {run.describe()} |")
     return "\n".join(lines) + "\n"
 
 
@@ -190,7 +193,9 @@ def aggregate(report: str, dirs: Sequence[str | Path], out: Path | None = None,
     listing.write_text(runs_listing(sweep.runs, finished, sweep.roots), encoding="utf-8")
     missing = [run for run in sweep.runs if not finished(run)]
     for run in missing:
-        print(f"missing: {run.path} ({run.describe()})", file=sys.stderr)
+        failure = f": {run.failure}" if run.failure else ""
+        print(f"{'failed' if failure else 'missing'}: {run.path} ({run.describe()}){failure}",
+              file=sys.stderr)
     return [*written, listing]
 
 

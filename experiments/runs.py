@@ -5,7 +5,7 @@ one or more results files (`results.json`, `results_beam.json`, `results_baselin
 schema in `grammarrl.results`). Every results file becomes one `Evaluation`: a system
 (the frozen baseline, the GrammarRL adapter, or a search method) decoded one way on the seeded
 test sets. A run without any results file is kept as *missing* (a failed or unfinished job),
-never dropped silently.
+never dropped silently; a job that failed says why in its `failed.json` (`Run.failure`).
 """
 
 from __future__ import annotations
@@ -138,6 +138,18 @@ class Run:
     @property
     def finished(self) -> bool:
         return bool(self.results_files)
+
+    @property
+    def failure(self) -> str | None:
+        """The error a failed job recorded in `failed.json` (`Type: message`), else None."""
+        path = self.path / "failed.json"
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return "unreadable failed.json"
+        return f"{record.get('type', 'Error')}: {record.get('error', '')}".strip()
 
     def evaluations(self) -> list[Evaluation]:
         return [Evaluation(self, p.stem, _read_json(p)) for p in self.results_files]

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
+from grammarrl.errors import DataError, GrammarRLError, ModelError
 from grammarrl.results import build_results, run_dir, write_results
 from grammarrl.tasks.base import Example, Task
 
@@ -33,7 +34,13 @@ def run_eval(cfg: DictConfig) -> dict[str, Any]:
     task = load_task(cfg)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     if cfg.eval.adapter:
-        model = load_adapter(model, cfg.eval.adapter)
+        try:
+            model = load_adapter(model, cfg.eval.adapter)
+        except GrammarRLError:
+            raise
+        except Exception as err:  # a truncated or corrupt weights file (safetensors, torch)
+            raise ModelError(f"eval.adapter={cfg.eval.adapter}: the adapter weights cannot be "
+                             f"read ({type(err).__name__}: {str(err)[:200]})") from err
     model.eval()
     results = evaluate(cfg, model, tokenizer, task, cfg.eval.decoding, out)
     print(summary_line(results))
@@ -62,6 +69,21 @@ def is_valid(task: Task, gen: Generation) -> bool:
     except ValueError:
         return False
     return True
+
+
+def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> tuple[int, int]:
+    """(rejected, total) distinct gold outputs under the task grammar; warns when any is
+    rejected (those examples can never be predicted exactly: a grammar or data problem)."""
+    from grammarrl.tasks.grammar_check import GrammarChecker
+
+    golds = list(dict.fromkeys(ex.target for ex in examples))
+    rejected = GrammarChecker(task.grammar(), tokenizer).rejected(golds)
+    if rejected:
+        log.warning(
+            "the %s grammar rejects %d of %d distinct gold outputs of the test sets: those "
+            "examples cannot be predicted exactly (first: %r); `mode=prepare` checks every split",
+            task.name, len(rejected), len(golds), rejected[0][:200])
+    return len(rejected), len(golds)
 
 
 def decode_examples(
@@ -123,6 +145,9 @@ def evaluate(
     beam_width = int(beam_width if beam_width is not None else cfg.eval.beam_width)
     test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
     all_examples = [ex for test_set in test_sets for ex in test_set]
+    if not all_examples:
+        raise DataError(f"task {task.name}: the test sets are empty (no test examples)")
+    gold_rejected, gold_total = check_gold(task, tokenizer, all_examples)
 
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     started = time.perf_counter()
@@ -190,6 +215,8 @@ def evaluate(
         device=str(decoder.device),
         mean_output_tokens=sum(g.num_tokens for g in unique) / max(len(unique), 1),
         per_set=per_set,
+        gold_rejected=gold_rejected,
+        gold_total=gold_total,
     )
     path = write_results(out, results, rows, name=name)
     results["path"] = str(path)

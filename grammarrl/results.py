@@ -25,6 +25,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from grammarrl.errors import GrammarRLError
+
 REQUIRED_KEYS = (
     "task",
     "model",
@@ -38,6 +40,10 @@ REQUIRED_KEYS = (
     "examples_per_second",
     "config",
 )
+
+
+class ResultsWriteError(GrammarRLError):
+    """A results file could not be written (e.g. disk full); the previous file is intact."""
 
 
 def run_dir(cfg: DictConfig | None = None) -> Path:
@@ -82,9 +88,13 @@ def _atomic_write(path: Path, write) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):  # disk full, quota, permissions: one clear message
+            kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing written"
+            raise ResultsWriteError(
+                f"cannot write {path}: {err.strerror or err}; {kept}") from err
         raise
     return path
 

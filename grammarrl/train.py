@@ -199,6 +199,8 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     out = run_dir(cfg)
     task = load_task(cfg)
+    task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)  # an empty test pool
+    # fails now, not after hours of training
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task)
     policy = add_lora(model, cfg.lora)

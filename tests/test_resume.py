@@ -59,15 +59,14 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path):
     run(straight, tmp_path / "straight.log")
 
     # Start the same run elsewhere and SIGKILL it once a checkpoint after step 2 exists.
-    log = open(tmp_path / "killed.log", "w")
-    proc = subprocess.Popen(command(killed), cwd=ROOT, env=env(), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
     ckpt = killed / "checkpoints" / "last.ckpt"
-    while proc.poll() is None and checkpoint_step(ckpt) < 2:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
-    log.close()
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen(command(killed), cwd=ROOT, env=env(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        while proc.poll() is None and checkpoint_step(ckpt) < 2:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
     done = checkpoint_step(ckpt)
     assert 2 <= done < STEPS and not (killed / "adapter").exists()
 
@@ -86,7 +85,8 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path):
     assert samples[0] == samples[1] and len(samples[0].splitlines()) == STEPS
 
     def rewards(run_dir: Path) -> dict[int, str]:
-        rows = csv.DictReader(open(run_dir / "metrics" / "metrics.csv"))
+        with open(run_dir / "metrics" / "metrics.csv") as handle:
+            rows = list(csv.DictReader(handle))
         return {int(r["step"]): r["train/reward"] for r in rows if r.get("train/reward")}
 
     assert rewards(straight) == rewards(killed) and sorted(rewards(killed)) == list(range(STEPS))
