@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,16 +113,23 @@ class TextPotential:
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_is_weights_equal_p_over_q_by_brute_force(model, tok, prompts, temperature):
     decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
-    sets = smc(decoder, prompts[:2], 4, ess_threshold=0.0, temperature=temperature,
-               generator=torch.Generator().manual_seed(3))
+    sets = smc(
+        decoder,
+        prompts[:2],
+        4,
+        ess_threshold=0.0,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(3),
+    )
     checked = 0
     for prompt, ps in zip(prompts[:2], sets):
         assert len(ps.generations) == 4 and ps.resamples == 0
         for gen, logw, pot in zip(ps.generations, ps.log_weights, ps.potentials):
             assert_valid(tok, JSON_GRAMMAR, gen, 20)
             assert pot == 0.0
-            expected = brute_log_weight(model, tok, JSON_GRAMMAR, prompt, gen.token_ids,
-                                        temperature)
+            expected = brute_log_weight(
+                model, tok, JSON_GRAMMAR, prompt, gen.token_ids, temperature
+            )
             assert logw == pytest.approx(expected, abs=2e-4)
             if temperature == 1.0:  # p/q of the masked softmax = the allowed mass
                 assert logw == pytest.approx(gen.sum_log_allowed_mass, abs=1e-9)
@@ -149,8 +157,14 @@ def test_smc_with_constant_potential_and_no_resampling_reduces_to_is(model, tok,
     const = -2.5
     twist = TextPotential(lambda p, t: const, lambda p, t: const, on_prefix=True)
     plain = smc(decoder, prompts, 6, ess_threshold=0.0, generator=torch.Generator().manual_seed(5))
-    twisted = smc(decoder, prompts, 6, twist=twist, ess_threshold=0.0,
-                  generator=torch.Generator().manual_seed(5))
+    twisted = smc(
+        decoder,
+        prompts,
+        6,
+        twist=twist,
+        ess_threshold=0.0,
+        generator=torch.Generator().manual_seed(5),
+    )
     for a, b in zip(plain, twisted):
         assert [g.token_ids for g in a.generations] == [g.token_ids for g in b.generations]
         for wa, wb in zip(a.log_weights, b.log_weights):
@@ -167,8 +181,14 @@ def test_twist_telescopes_to_the_complete_potential(model, tok, prompts):
     decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
     twist = TextPotential(lambda p, t: -0.1 * len(t), lambda p, t: -1.0 if "red" in t else 0.0)
     plain = smc(decoder, prompts, 4, ess_threshold=0.0, generator=torch.Generator().manual_seed(2))
-    twisted = smc(decoder, prompts, 4, twist=twist, ess_threshold=0.0,
-                  generator=torch.Generator().manual_seed(2))
+    twisted = smc(
+        decoder,
+        prompts,
+        4,
+        twist=twist,
+        ess_threshold=0.0,
+        generator=torch.Generator().manual_seed(2),
+    )
     for a, b in zip(plain, twisted):
         for g, wa, wb, pot in zip(a.generations, a.log_weights, b.log_weights, b.potentials):
             assert g.finished
@@ -182,9 +202,15 @@ def test_resampling_forks_particles_with_exact_records(model, tok, prompts):
     population keeps N members, and resampling equalises the weights."""
     decoder = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=6)
     twist = TextPotential(lambda p, t: -1.5 * t.count("dog"), lambda p, t: -1.5 * t.count("dog"))
-    sets = smc(decoder, prompts, 6, twist=twist, ess_threshold=1.0,
-               generator=torch.Generator().manual_seed(0),
-               resample_generator=torch.Generator().manual_seed(1))
+    sets = smc(
+        decoder,
+        prompts,
+        6,
+        twist=twist,
+        ess_threshold=1.0,
+        generator=torch.Generator().manual_seed(0),
+        resample_generator=torch.Generator().manual_seed(1),
+    )
     assert sum(ps.resamples for ps in sets) >= 3
     for prompt, ps in zip(prompts, sets):
         assert len(ps.generations) == len(ps.log_weights) == 6
@@ -192,6 +218,7 @@ def test_resampling_forks_particles_with_exact_records(model, tok, prompts):
             assert_valid(tok, WORDS_GRAMMAR, gen, 6)
             lu, lc, lm = teacher_forced(model, tok, WORDS_GRAMMAR, prompt, gen.token_ids)
             assert gen.logp_unconstrained == pytest.approx(lu, abs=2e-4)
+            assert gen.logp_constrained == pytest.approx(lc, abs=2e-4)
             assert gen.log_allowed_mass == pytest.approx(lm, abs=2e-4)
         # potentials recorded = the twist of the particle's final text
         for gen, pot in zip(ps.generations, ps.potentials):
@@ -205,9 +232,15 @@ def test_resampling_follows_the_potential(model, tok, prompts):
     n = 12
 
     def cat_rate(threshold):
-        sets = smc(decoder, prompts, n, twist=twist, ess_threshold=threshold,
-                   generator=torch.Generator().manual_seed(4),
-                   resample_generator=torch.Generator().manual_seed(4))
+        sets = smc(
+            decoder,
+            prompts,
+            n,
+            twist=twist,
+            ess_threshold=threshold,
+            generator=torch.Generator().manual_seed(4),
+            resample_generator=torch.Generator().manual_seed(4),
+        )
         gens = [g for ps in sets for g in ps.generations]
         return sum("cat" in g.text for g in gens) / len(gens)
 
@@ -217,8 +250,14 @@ def test_resampling_follows_the_potential(model, tok, prompts):
 def test_dead_particles_have_zero_weight(model, tok, prompts):
     decoder = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=4)
     twist = TextPotential(lambda p, t: 0.0, lambda p, t: float("-inf"), on_prefix=False)
-    sets = smc(decoder, prompts[:1], 4, twist=twist, ess_threshold=0.0,
-               generator=torch.Generator().manual_seed(0))
+    sets = smc(
+        decoder,
+        prompts[:1],
+        4,
+        twist=twist,
+        ess_threshold=0.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     ps = sets[0]
     for gen, w in zip(ps.generations, ps.log_weights):
         assert (w == float("-inf")) == gen.finished
@@ -229,8 +268,14 @@ def test_dead_particles_have_zero_weight(model, tok, prompts):
 def test_completion_potential_is_scored_once_per_prompt_without_resampling(model, tok, prompts):
     decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
     twist = TextPotential(complete=lambda p, t: -float(len(t)), on_prefix=False)
-    smc(decoder, prompts, 5, twist=twist, ess_threshold=0.0,
-        generator=torch.Generator().manual_seed(0))
+    smc(
+        decoder,
+        prompts,
+        5,
+        twist=twist,
+        ess_threshold=0.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert twist.complete_calls == len(prompts)  # deferred: one batch per prompt
 
 
@@ -240,8 +285,9 @@ def test_forward_tokens_count_prefill_and_decode_rows(model, tok, prompts):
     assert gen.finished
     assert decoder.forward_tokens == len(prompts[0]) + gen.num_tokens - 1
     before = decoder.forward_tokens
-    sets = smc(decoder, prompts[:1], 3, ess_threshold=0.0,
-               generator=torch.Generator().manual_seed(0))
+    sets = smc(
+        decoder, prompts[:1], 3, ess_threshold=0.0, generator=torch.Generator().manual_seed(0)
+    )
     lengths = [g.num_tokens for g in sets[0].generations]
     # one prefill, then every live row once per step after the first
     assert decoder.forward_tokens - before == len(prompts[0]) + sum(n - 1 for n in lengths)
@@ -261,34 +307,47 @@ def test_rerank_picks_the_argmax_of_the_potential(model, tok, prompts):
         return -abs(len(text) - 30) - 0.01 * sum(map(ord, text)) % 1
 
     twist = TextPotential(complete=phi, on_prefix=False)
-    sets = smc(decoder, prompts, 8, twist=twist, ess_threshold=0.0,
-               generator=torch.Generator().manual_seed(9))
+    sets = smc(
+        decoder,
+        prompts,
+        8,
+        twist=twist,
+        ess_threshold=0.0,
+        generator=torch.Generator().manual_seed(9),
+    )
     for ps in sets:
         i = rerank(ps)
         values = [phi(0, g.text) for g in ps.generations]
         assert ps.potentials == values
         assert values[i] == max(v for v, g in zip(values, ps.generations) if g.finished)
     # ties go to the higher proposal weight; complete beats a higher-potential truncated sample
-    ps = ParticleSet([_gen("a"), _gen("b"), _gen("c", finished=False)], [-3.0, -1.0, 5.0],
-                     [-1.0, -1.0, 0.0])
+    ps = ParticleSet(
+        [_gen("a"), _gen("b"), _gen("c", finished=False)], [-3.0, -1.0, 5.0], [-1.0, -1.0, 0.0]
+    )
     assert rerank(ps) == 1
 
 
 def test_posterior_mode_groups_prefers_complete_and_breaks_ties_by_lm():
-    ps = ParticleSet([_gen("x"), _gen("y"), _gen("x"), _gen("z", finished=False)],
-                     [math.log(0.25), math.log(0.4), math.log(0.25), math.log(5.0)],
-                     [0.0] * 4)
+    ps = ParticleSet(
+        [_gen("x"), _gen("y"), _gen("x"), _gen("z", finished=False)],
+        [math.log(0.25), math.log(0.4), math.log(0.25), math.log(5.0)],
+        [0.0] * 4,
+    )
     assert ps.generations[posterior_mode(ps)].text == "x"  # 0.5 beats 0.4; z is truncated
     tie = ParticleSet([_gen("a", logp=-5.0), _gen("b", logp=-2.0)], [0.0, 0.0], [0.0, 0.0])
     assert posterior_mode(tie) == 1
-    dead = ParticleSet([_gen("a", logp=-5.0), _gen("b", logp=-2.0)], [-math.inf, -math.inf],
-                       [0.0, 0.0])
+    dead = ParticleSet(
+        [_gen("a", logp=-5.0), _gen("b", logp=-2.0)], [-math.inf, -math.inf], [0.0, 0.0]
+    )
     assert normalized_weights(dead.log_weights) is None and posterior_mode(dead) == 1
 
 
 def test_posterior_draws_follow_the_weights():
-    ps = ParticleSet([_gen("a"), _gen("b"), _gen("c", finished=False)],
-                     [math.log(0.9), math.log(0.1), 10.0], [0.0] * 3)
+    ps = ParticleSet(
+        [_gen("a"), _gen("b"), _gen("c", finished=False)],
+        [math.log(0.9), math.log(0.1), 10.0],
+        [0.0] * 3,
+    )
     draws = posterior_draws([ps], 400, seed=0)
     share = sum(d[0].text == "a" for d in draws) / 400
     assert 0.84 < share < 0.96  # truncated "c" is never drawn while complete ones exist
@@ -380,11 +439,22 @@ def test_search_config_validation():
 
 
 def _search_cfg(tmp_path, method, extra=()):
-    return compose_config([
-        "mode=search", "model=tiny", "task=conll", "logger=none", f"search.method={method}",
-        "search.particles=3", "search.posterior_draws=5", "eval.num_test_sets=2",
-        "eval.test_size=2", "task.max_new_tokens=16", f"cache_dir={tmp_path}/cache", *extra,
-    ])
+    return compose_config(
+        [
+            "mode=search",
+            "model=tiny",
+            "task=conll",
+            "logger=none",
+            f"search.method={method}",
+            "search.particles=3",
+            "search.posterior_draws=5",
+            "eval.num_test_sets=2",
+            "eval.test_size=2",
+            "task.max_new_tokens=16",
+            f"cache_dir={tmp_path}/cache",
+            *extra,
+        ]
+    )
 
 
 def test_run_search_end_to_end_writes_results_and_pairs_rerank_with_is(tiny, tmp_path):
@@ -415,3 +485,58 @@ def test_run_search_end_to_end_writes_results_and_pairs_rerank_with_is(tiny, tmp
     assert rr_res["selections"]["is"]["scores"] == is_res["scores"]
     assert records["smc"][0]["potential"] == "task"
     assert is_res["potential"] == "reverse"
+
+
+def test_adapter_proposal_with_reference_potentials(tiny, tmp_path, monkeypatch):
+    """search.adapter: the trained adapter is the LM of the proposal (particles change), while
+    the reverse potential is still pi_ref's (adapter disabled: same values as the base model)."""
+    import copy
+
+    from grammarrl.models import add_lora
+    from grammarrl.search.run import run_search
+
+    model, tok = tiny
+    cfg = _search_cfg(
+        tmp_path,
+        "is",
+        [
+            "search.particles=2",
+            "eval.test_size=1",
+            "eval.num_test_sets=1",
+            "search.greedy_baseline=false",
+        ],
+    )
+    policy = add_lora(copy.deepcopy(model), cfg.lora)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    adapter_dir = tmp_path / "adapter"
+    policy.save_pretrained(adapter_dir)
+
+    task = ToyTask(["alpha", "beta"])
+    ex = Example("u", "a sentence about alpha", "alpha")
+    base_values = ReversePotential(ReferenceScorer(model, tok, task)).complete(
+        ex, ["alpha", "beta"]
+    )
+    peft_values = ReversePotential(ReferenceScorer(policy, tok, task)).complete(
+        ex, ["alpha", "beta"]
+    )
+    assert peft_values == pytest.approx(base_values, abs=1e-4)
+
+    monkeypatch.chdir(tmp_path)  # run_search writes outputs/... under the working directory
+    # the fixture's model (copied: attaching an adapter modifies the base model in place)
+    monkeypatch.setattr(
+        "grammarrl.models.load_model", lambda *args, **kwargs: (copy.deepcopy(model), tok)
+    )
+    plain = run_search(cfg)
+    cfg.search.adapter = str(adapter_dir)
+    adapted = run_search(cfg)
+    assert adapted["adapter"] == str(adapter_dir) and plain["adapter"] is None
+
+    def particles(results):
+        path = Path(results["path"]).with_name("predictions.jsonl")
+        return [json.loads(line)["particles"] for line in path.read_text().splitlines()]
+
+    first, first0 = particles(adapted)[0], particles(plain)[0]
+    assert [p["logp_unconstrained"] for p in first] != [p["logp_unconstrained"] for p in first0]

@@ -122,7 +122,13 @@ def smc(
     try:
         with torch.inference_mode():
             return _Loop(
-                decoder, prompts, num_particles, twist, ess_threshold, temperature, generator,
+                decoder,
+                prompts,
+                num_particles,
+                twist,
+                ess_threshold,
+                temperature,
+                generator,
                 resample_generator,
             ).run()
     finally:
@@ -131,8 +137,9 @@ def smc(
 
 
 class _Loop:
-    def __init__(self, decoder, prompts, n, twist, ess_threshold, temperature, generator,
-                 resample_generator):
+    def __init__(
+        self, decoder, prompts, n, twist, ess_threshold, temperature, generator, resample_generator
+    ):
         self.decoder = decoder
         self.prompts = prompts
         self.n = n

@@ -130,8 +130,13 @@ def search_examples(
         if potential.name != "none":
             twist = _Timed(potential.bind([unique[uid] for uid in uids]))
         sets = smc(
-            decoder, [prompts[uid] for uid in uids], particles, twist=twist,
-            ess_threshold=threshold, temperature=temperature, generator=generator,
+            decoder,
+            [prompts[uid] for uid in uids],
+            particles,
+            twist=twist,
+            ess_threshold=threshold,
+            temperature=temperature,
+            generator=generator,
             resample_generator=resample_generator,
         )
         if twist is not None:
@@ -178,8 +183,18 @@ def search(
 
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
-        decoder, tokenizer, task, all_examples, potential, method, int(s.particles),
-        float(s.ess_threshold), float(s.temperature), int(s.batch_size), int(cfg.seed), progress,
+        decoder,
+        tokenizer,
+        task,
+        all_examples,
+        potential,
+        method,
+        int(s.particles),
+        float(s.ess_threshold),
+        float(s.temperature),
+        int(s.batch_size),
+        int(cfg.seed),
+        progress,
     )
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
@@ -202,8 +217,9 @@ def search(
             selections[m].append(task.score(texts, test_set).value)
         pw = float("nan")
         if draws:
-            sampled = posterior_draws([populations[ex.uid] for ex in test_set], draws,
-                                      cfg.seed + set_idx)
+            sampled = posterior_draws(
+                [populations[ex.uid] for ex in test_set], draws, cfg.seed + set_idx
+            )
             pw = sum(task.score([g.text for g in d], test_set).value for d in sampled) / draws
         posterior_weighted.append(pw)
         per_set.append(
@@ -218,10 +234,18 @@ def search(
             }
         )
         for ex, gen, item in zip(test_set, gens, result.per_example):
-            rows.append(_prediction_row(set_idx, ex, gen, item, is_valid(task, gen),
-                                        populations[ex.uid],
-                                        chosen[method][ex.uid], {m: chosen[m][ex.uid]
-                                                                 for m in selectors}))
+            rows.append(
+                _prediction_row(
+                    set_idx,
+                    ex,
+                    gen,
+                    item,
+                    is_valid(task, gen),
+                    populations[ex.uid],
+                    chosen[method][ex.uid],
+                    {m: chosen[m][ex.uid] for m in selectors},
+                )
+            )
 
     unique = list(selected.values())
     pops = list(populations.values())
@@ -244,7 +268,8 @@ def search(
         extra = {
             "cost": seconds / greedy["seconds"] if greedy["seconds"] > 0 else None,
             "cost_generation": (seconds - potential_seconds) / greedy["seconds"]
-            if greedy["seconds"] > 0 else None,
+            if greedy["seconds"] > 0
+            else None,
             "cost_tokens": (search_tokens + potential_tokens) / max(greedy["forward_tokens"], 1),
             "cost_tokens_generation": search_tokens / max(greedy["forward_tokens"], 1),
             "greedy_baseline": greedy,
@@ -295,8 +320,16 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _prediction_row(set_idx, ex, gen: Generation, item, valid: bool, ps: ParticleSet, index: int,
-                    picks: dict[str, int]) -> dict[str, Any]:
+def _prediction_row(
+    set_idx,
+    ex,
+    gen: Generation,
+    item,
+    valid: bool,
+    ps: ParticleSet,
+    index: int,
+    picks: dict[str, int],
+) -> dict[str, Any]:
     weights = normalized_weights(ps.log_weights)
     return {
         "set": set_idx,
@@ -314,9 +347,12 @@ def _prediction_row(set_idx, ex, gen: Generation, item, valid: bool, ps: Particl
         "selected": index,
         "selections": {m: ps.generations[i].text for m, i in picks.items()},
         "posterior_weight": sum(
-            w for w, g in zip(weights, ps.generations) if (g.text, g.finished) ==
-            (gen.text, gen.finished)
-        ) if weights else None,
+            w
+            for w, g in zip(weights, ps.generations)
+            if (g.text, g.finished) == (gen.text, gen.finished)
+        )
+        if weights
+        else None,
         "ess": ess(ps.log_weights),
         "vanished": weights is None,
         "resamples": ps.resamples,
