@@ -176,8 +176,6 @@ def validate(cfg: DictConfig) -> None:
     _check(search.particles >= 1, "search.particles", search.particles, "an integer >= 1")
     _check(search.potential is None or search.potential in SEARCH_POTENTIALS, "search.potential",
            search.potential, f"null or one of {', '.join(SEARCH_POTENTIALS)}")
-    _check(search.potential != "task" or task.name in ("conll", "gloss"), "search.potential",
-           search.potential, "reverse or none for this task (task potentials: conll, gloss)")
     _check(0.0 <= search.ess_threshold <= 1.0, "search.ess_threshold", search.ess_threshold,
            "a number in [0, 1]")
     _check(search.temperature > 0, "search.temperature", search.temperature, "a number > 0")

@@ -32,6 +32,7 @@ from grammarrl.search.potentials import (
     conll_penalty,
     gloss_penalty,
     gloss_terms_of,
+    make_potential,
 )
 from grammarrl.tasks.base import Example
 from tests.conftest import compose_config
@@ -433,7 +434,12 @@ def test_search_config_validation():
     with pytest.raises(ConfigError, match="search.method"):
         validate(compose_config(["mode=search", "search.method=beam"]))
     with pytest.raises(ConfigError, match="search.potential"):
-        validate(compose_config(["mode=search", "task=wos", "search.potential=task"]))
+        validate(compose_config(["mode=search", "search.potential=channel"]))
+    # WoS has no task potential (the paper's "n/a"): the job validates, so sweeps list it,
+    # and stops with a clear error when it builds the potential
+    validate(compose_config(["mode=search", "task=wos", "search.method=smc"]))
+    with pytest.raises(ConfigError, match="no task-specific potential"):
+        make_potential("task", ToyTask(["a"]))
     with pytest.raises(ConfigError, match="search.particles"):
         validate(compose_config(["mode=search", "search.particles=0"]))
 
