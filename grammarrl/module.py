@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import lightning as L
@@ -64,11 +65,20 @@ class GrammarRLModule(L.LightningModule):
             rows.append(torch.stack([lp.sum() for lp in token_logp]))
         return torch.stack(rows)
 
+    def on_train_batch_start(self, batch: list[Example], batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: list[Example], batch_idx: int) -> None:
+        # the whole step: rollout, reference scoring, policy pass, backward and optimizer
+        self.log("perf/step_seconds", time.perf_counter() - self._step_started, batch_size=1)
+
     def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
         self.policy.eval()  # rollouts and reference scoring without dropout
+        started = time.perf_counter()
         with torch.no_grad():
             out = collect_rollouts(self.decoder, self.scorer, self.tokenizer, self.task, batch,
                                    self.cfg.rollout, self.generator)
+        self.log("perf/rollout_and_scoring_seconds", time.perf_counter() - started, batch_size=1)
         rewards = combine_rewards(out.direct, out.reverse, self.cfg["lambda"],
                                   self.sigma_direct, self.sigma_reverse)
         advantages = rloo_advantages(rewards)
