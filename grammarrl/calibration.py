@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +36,12 @@ def _read(path: Path) -> dict[str, Any]:
 
 def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
     """Write one calibration entry (atomically; other keys are kept)."""
+    from grammarrl.results import write_json
+
     path = calibration_file(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = _read(path)
     table[calibration_key(cfg)] = entry
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(table, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+    return write_json(path, dict(sorted(table.items())))
 
 
 def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:

@@ -77,13 +77,15 @@ def run_dir(cfg: DictConfig | None = None) -> Path:
     raise RuntimeError(f"cannot create a fresh run directory next to {base}")
 
 
-def _atomic_write(path: Path, write) -> Path:
+def atomic_write(path: str | Path, write, binary: bool = False) -> Path:
+    """Write `path` through `write(handle)` into a temp file beside it, fsync, rename over it:
+    a kill or a full disk mid-write leaves the previous file intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -107,7 +109,7 @@ def _umask() -> int:
 
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write JSON atomically (temp file in the same directory + os.replace)."""
-    return _atomic_write(
+    return atomic_write(
         Path(path), lambda h: h.write(json.dumps(_jsonable(obj), indent=2, ensure_ascii=False))
     )
 
@@ -119,7 +121,7 @@ def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
         for row in rows:
             handle.write(json.dumps(_jsonable(row), ensure_ascii=False) + "\n")
 
-    return _atomic_write(Path(path), write)
+    return atomic_write(Path(path), write)
 
 
 def _jsonable(obj: Any) -> Any:

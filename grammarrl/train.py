@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
 from grammarrl.models import add_lora, load_model, reference_mode
 from grammarrl.module import GrammarRLModule
-from grammarrl.results import run_dir, write_jsonl
+from grammarrl.results import ResultsWriteError, atomic_write, run_dir, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -76,23 +74,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                         storage_options: Any = None) -> None:
         if "://" in str(path):  # remote storage: Lightning's fsspec transaction
             return super().save_checkpoint(checkpoint, path, storage_options)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException as err:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            if isinstance(err, OSError):
-                raise GrammarRLError(f"cannot write checkpoint {path}: {err.strerror or err}; "
-                                     "the previous checkpoint there is intact") from err
-            raise
+            atomic_write(path, lambda handle: torch.save(checkpoint, handle), binary=True)
+        except ResultsWriteError as err:
+            reason = getattr(err.__cause__, "strerror", None) or err.__cause__
+            raise GrammarRLError(f"cannot write checkpoint {path}: {reason}; "
+                                 "the previous checkpoint there is intact") from err.__cause__
 
 
 def resolve_resume(cfg: DictConfig, out: Path) -> str | None:
@@ -144,12 +131,13 @@ def _read_rows(path: Path) -> list[dict[str, str]]:
 
 def _write_rows(path: Path, rows: list[dict[str, str]]) -> None:
     keys = sorted({k for row in rows for k in row})
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", newline="") as handle:
+
+    def write(handle) -> None:
         writer = csv.DictWriter(handle, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)
+
+    atomic_write(path, write)
 
 
 def stash_metrics(out: Path, resume_step: int) -> None:
