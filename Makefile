@@ -29,6 +29,10 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
 
+# Performance benchmarks (benchmarks/README.md): ratios vs goals, written to bench.json.
+bench: venv
+	$(PY) -m benchmarks --out bench.json
+
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
 
@@ -40,7 +44,7 @@ SWEEP  := nice -n 10 $(PY) -m grammarrl.run -m
 AGG    := $(PY) -m experiments.aggregate
 CPUDIR := multirun/cpu
 
-.PHONY: sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
+.PHONY: evidence-cpu sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
 	sweep-calibration-cpu sweep-inference-time-cpu paper-cpu
 
 # The whole chain in about a minute: a 2x2 sweep (λ x rollout beam) of the random tiny model.
@@ -68,6 +72,15 @@ sweep-calibration-cpu: venv
 sweep-inference-time-cpu: venv
 	-$(SWEEP) +experiment=inference_time_cpu hydra.sweep.dir=$(CPUDIR)/inference_time
 	$(AGG) inference_time $(CPUDIR)/inference_time $(CPUDIR)/ablation_lambda --num-sets 2
+
+# Evidence on SmolLM2 (experiments/results/smollm2-cpu.md): the conll and gloss sweeps run side
+# by side, one thread each (2 cores), then one aggregation per sweep.
+evidence-cpu: venv
+	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence_conll_cpu hydra.sweep.dir=$(CPUDIR)/evidence_conll & \
+	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence_gloss_cpu hydra.sweep.dir=$(CPUDIR)/evidence_gloss & \
+	wait
+	$(AGG) main $(CPUDIR)/evidence_conll
+	$(AGG) main $(CPUDIR)/evidence_gloss
 
 # Every CPU-scale table, in dependency order (hours on 2 cores).
 paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \

@@ -39,11 +39,13 @@ class GrammarRLModule(L.LightningModule):
         self.sigma_direct = sigma_direct
         self.sigma_reverse = sigma_reverse
         share = cfg.train.share_prefix
-        self.decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+        self.decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens,
+                                          share_prefix=share)
         self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)
         self.strict_loading = False  # checkpoints hold only the adapter (trainable) weights
         self.samples: list[dict[str, Any]] = []
         self.last_checkpoint_step: int | None = None  # global step of the last checkpoint saved
+        self.phase_history: list[dict[str, float]] = []  # phase_seconds of every step run here
 
     def setup(self, stage: str) -> None:
         # A distinct, reproducible sampling stream per rank (DDP: each rank rolls out its inputs).
@@ -65,25 +67,44 @@ class GrammarRLModule(L.LightningModule):
             rows.append(torch.stack([lp.sum() for lp in token_logp]))
         return torch.stack(rows)
 
+    # Wall time per phase of a step, logged as perf/<phase>_seconds: rollout, scoring (the
+    # reference's direct and reverse passes), policy (log-probs with gradient), backward,
+    # optimizer, and step (all of it, as the trainer runs it).
     def on_train_batch_start(self, batch: list[Example], batch_idx: int) -> None:
-        self._step_started = time.perf_counter()
+        self.phase_seconds: dict[str, float] = {}
+        self._clock = {"step": time.perf_counter()}
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        self._clock["backward"] = time.perf_counter()
+
+    def on_after_backward(self) -> None:
+        self.phase_seconds["backward"] = time.perf_counter() - self._clock["backward"]
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._clock["optimizer"] = time.perf_counter()
 
     def on_train_batch_end(self, outputs: Any, batch: list[Example], batch_idx: int) -> None:
-        # the whole step: rollout, reference scoring, policy pass, backward and optimizer
-        self.log("perf/step_seconds", time.perf_counter() - self._step_started, batch_size=1)
+        now = time.perf_counter()
+        self.phase_seconds["optimizer"] = now - self._clock["optimizer"]
+        self.phase_seconds["step"] = now - self._clock["step"]
+        self.phase_history.append(dict(self.phase_seconds))
+        for phase in ("backward", "optimizer", "step"):
+            self.log(f"perf/{phase}_seconds", self.phase_seconds[phase], batch_size=1)
 
     def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
         self.policy.eval()  # rollouts and reference scoring without dropout
-        started = time.perf_counter()
         with torch.no_grad():
             out = collect_rollouts(self.decoder, self.scorer, self.tokenizer, self.task, batch,
                                    self.cfg.rollout, self.generator)
-        self.log("perf/rollout_and_scoring_seconds", time.perf_counter() - started, batch_size=1)
         rewards = combine_rewards(out.direct, out.reverse, self.cfg["lambda"],
                                   self.sigma_direct, self.sigma_reverse)
         advantages = rloo_advantages(rewards)
         self.policy.train()
+        started = time.perf_counter()
         policy_logp = self._policy_logp(out.prompts, out.groups)
+        self.phase_seconds.update(out.seconds, policy=time.perf_counter() - started)
+        for phase in ("rollout", "scoring", "policy"):
+            self.log(f"perf/{phase}_seconds", self.phase_seconds[phase], batch_size=1)
         loss, parts = grammarrl_loss(policy_logp, out.ref_logp.to(policy_logp.device),
                                      advantages.to(policy_logp.device), self.cfg.beta)
         if not torch.isfinite(loss).all():

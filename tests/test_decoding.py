@@ -444,6 +444,25 @@ def test_sampling_is_reproducible_and_rollout_shares_the_prompt(model, tok, prom
         assert grp[4].kind == "beam" and grp[4].token_ids == beam.top.token_ids
 
 
+def test_rollout_without_prefix_sharing_prefills_every_row_and_agrees(model, tok, prompts):
+    """share_prefix=False (the benchmark's reference point) runs one prefill per row, N samples
+    + 1 beam per prompt, and yields the same rollout as the shared decoder."""
+    shared = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=10)
+    unshared = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=10, share_prefix=False)
+    prefills = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: prefills.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        alone = unshared.rollout(prompts, 3, 2, generator=torch.Generator().manual_seed(7))
+    finally:
+        hook.remove()
+    assert len([s for s in prefills if s[1] > 1]) == len(prompts) * (3 + 1)
+    together = shared.rollout(prompts, 3, 2, generator=torch.Generator().manual_seed(7))
+    ids = lambda groups: [[g.token_ids for g in grp] for grp in groups]
+    assert ids(alone) == ids(together)
+
+
 def test_truncation_and_end_of_turn_only_where_accepting(model, tok, prompts):
     stop = end_of_turn_id(tok)
     dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=6)  # too short to close

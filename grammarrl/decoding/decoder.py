@@ -115,6 +115,7 @@ class ConstrainedDecoder:
         grammar: Any,
         max_new_tokens: int,
         stop_token_id: int | None = None,
+        share_prefix: bool = True,
     ):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -128,6 +129,9 @@ class ConstrainedDecoder:
         self._masks: MaskComputer | None = None
         # Prompts of one call sharing at least this many leading tokens prefill them once.
         self.min_shared_prefix = 32
+        # False: every row prefills its own prompt, as `generate(num_return_sequences=...)` does
+        # (the reference point of the sharing benchmark; same outputs, more compute).
+        self.share_prefix = share_prefix
         # Cost accounting: model forward calls and token positions run (prefill tokens + one per
         # decoded row per step), accumulated over the decoder's life; read and diff freely.
         self.forward_calls = 0
@@ -267,13 +271,15 @@ class ConstrainedDecoder:
         per_prompt_kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples
         per_prompt_kinds += [BEAM] if beam_width else []
         width = max(len(p) for p in prompts)
-        prefix = self._shared_prefix(prompts)
+        prefix = self._shared_prefix(prompts) if self.share_prefix else None
+        copies = 1 if self.share_prefix else len(per_prompt_kinds)  # prefills per prompt
         for p, prompt in enumerate(prompts):
-            logits, cache = self._prefill(prompt, prefix)
-            first_logits.append(logits.expand(len(per_prompt_kinds), -1))
-            caches.append(cache)
-            lengths.append(len(prompt))
-            repeats.append(len(per_prompt_kinds))
+            for _ in range(copies):
+                logits, cache = self._prefill(prompt, prefix)
+                first_logits.append(logits.expand(len(per_prompt_kinds) // copies, -1))
+                caches.append(cache)
+                lengths.append(len(prompt))
+                repeats.append(len(per_prompt_kinds) // copies)
             for j, kind in enumerate(per_prompt_kinds):
                 index = j - int(greedy)
                 pad = width - len(prompt)

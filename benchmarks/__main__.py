@@ -1,0 +1,88 @@
+"""`python -m benchmarks` (`make bench`): run the suite, print each ratio against its goal,
+write bench.json (a list of {"name", "ratio", "goal", "holds", "details"}).
+
+    python -m benchmarks                       # SmolLM2 on CPU, real data (GRAMMARRL_DATA_DIR)
+    python -m benchmarks model=1b device=cuda  # a Llama on a GPU (extra args: config overrides)
+    python -m benchmarks --only rl_step        # benchmarks whose name contains a string
+    python -m benchmarks --quick               # tiny model, bundled samples: plumbing in seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+from benchmarks import decoding, rl_step
+from benchmarks.common import Bench, BenchResult, machine
+
+
+def suite(bench: Bench) -> list[tuple[str, Callable[[], BenchResult]]]:
+    """(name, thunk) of every benchmark; the quick suite shrinks sizes, not the set."""
+    quick = bench.quick
+    fewshots = (1, 2) if quick else (2, 10)
+    return [
+        ("grammar_overhead/gloss", lambda: decoding.grammar_overhead(bench, "gloss")),
+        ("grammar_overhead/conll", lambda: decoding.grammar_overhead(bench, "conll")),
+        ("group_rollout/conll", lambda: decoding.group_rollout(bench, "conll")),
+        ("group_rollout/gloss", lambda: decoding.group_rollout(bench, "gloss")),
+        ("eval_batching/conll", lambda: decoding.eval_batching(bench, "conll")),
+        ("rl_step_prefix_sharing/conll", lambda: rl_step.prefix_sharing(bench, "conll")),
+        ("rl_step_prefix_sharing/wos", lambda: rl_step.prefix_sharing(bench, "wos")),
+        ("rl_step_peak_memory_gb/conll", lambda: rl_step.peak_memory(bench, "conll")),
+        ("rl_step_scaling/conll",
+         lambda: rl_step.scaling(bench, "conll", fewshots, (3, 6), steps=1)),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model=1b device=cuda")
+    parser.add_argument("--out", default="bench.json", help="results file (default bench.json)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run benchmarks whose name contains this (repeatable)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per variant")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny random model and bundled samples (checks the plumbing)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    for noisy in ("lightning", "lightning.pytorch", "grammarrl"):  # tips, data-size warnings
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    model = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model=")),
+                 "tiny" if args.quick else "smollm2")
+    overrides = [o for o in args.overrides if not o.startswith("model=")]
+    if args.quick:
+        overrides = ["data.dir=null", "task.max_new_tokens=8", *overrides]
+    bench = Bench(model=model, overrides=overrides, quick=args.quick,
+                  repeats=args.repeats or (1 if args.quick else 3))
+    selected = [(n, f) for n, f in suite(bench) if not args.only or any(s in n for s in args.only)]
+    if not selected:
+        parser.error(f"--only {args.only} matches no benchmark")
+    records, started = [], time.perf_counter()
+    for name, run in selected:
+        t0 = time.perf_counter()
+        result = run()
+        entry = result.record()
+        entry["details"]["benchmark_seconds"] = round(time.perf_counter() - t0, 1)
+        entry["details"].update(model=model, overrides=overrides, repeats=bench.repeats)
+        records.append(entry)
+        print(result.line(), flush=True)
+    env = machine()
+    for entry in records:
+        entry["details"]["machine"] = env
+    Path(args.out).write_text(json.dumps(records, indent=2) + "\n")
+    held = sum(r["holds"] for r in records)
+    print(f"{held}/{len(records)} goals hold; {time.perf_counter() - started:.0f} s; "
+          f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Decoder benchmarks: grammar overhead, group rollout vs HF generate + Outlines, eval batching."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.common import Bench, BenchResult, interleaved, real_prompts
+from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.decoding.grammar import MaskComputer, lark_source
+
+
+@torch.inference_mode()
+def plain_greedy(model: torch.nn.Module, prompt: list[int], num_tokens: int) -> list[int]:
+    """Unconstrained greedy decoding of exactly `num_tokens` tokens: the minimal HF loop (one
+    prefill, then one cached forward per token, arg-max, no mask, no bookkeeping)."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    tokens = [int(token)]
+    for _ in range(num_tokens - 1):
+        out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(int(token))
+    return tokens
+
+
+class MaskClock:
+    """Accumulates the wall time spent computing grammar masks (wraps MaskComputer.allowed)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._original = MaskComputer.allowed
+
+    def __enter__(self) -> MaskClock:
+        original, clock = self._original, self
+
+        def allowed(masks: MaskComputer, matchers: list) -> torch.Tensor:
+            start = time.perf_counter()
+            try:
+                return original(masks, matchers)
+            finally:
+                clock.seconds += time.perf_counter() - start
+
+        MaskComputer.allowed = allowed
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        MaskComputer.allowed = self._original
+
+
+def grammar_overhead(bench: Bench, task_name: str, num_prompts: int = 2) -> BenchResult:
+    """Constrained greedy (our decoder, batch 1) vs unconstrained greedy of the same number of
+    tokens per prompt; the ratio of total times (prefill included, as a user waits for it)."""
+    cfg = bench.config(f"task={task_name}")
+    model, tokenizer = bench.load(cfg)
+    task, prompts = real_prompts(cfg, tokenizer, num_prompts)
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    lengths = [len(g.token_ids) for p in prompts for g in decoder.greedy([p])]
+
+    def constrained() -> None:
+        for prompt in prompts:
+            decoder.greedy([prompt])
+
+    def unconstrained() -> None:
+        for prompt, length in zip(prompts, lengths):
+            plain_greedy(model, prompt, length)
+
+    def prefill_only() -> None:
+        for prompt in prompts:
+            plain_greedy(model, prompt, 1)
+
+    with MaskClock() as masks:
+        timing = interleaved({"constrained": constrained, "unconstrained": unconstrained,
+                              "prefill": prefill_only}, bench.repeats)
+    c, u, p = (timing[k]["median_s"] for k in ("constrained", "unconstrained", "prefill"))
+    calls = bench.repeats + 1  # the warm-up call counts in the mask clock
+    return BenchResult(
+        name=f"grammar_overhead/{task_name}", ratio=c / u, goal=1.05, at_most=True,
+        details={
+            "task": task_name, "prompts": num_prompts, "batch": 1,
+            "prompt_tokens": [len(p) for p in prompts], "generated_tokens": lengths,
+            "constrained_s": timing["constrained"], "unconstrained_s": timing["unconstrained"],
+            "prefill_s": timing["prefill"],
+            "decode_only_ratio": round((c - p) / max(u - p, 1e-9), 4),
+            "mask_seconds_per_token_ms": round(1000 * masks.seconds / calls / sum(lengths), 4),
+        })
+
+
+def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width: int = 3
+                  ) -> BenchResult:
+    """One prompt's rollout group: ours (N samples + beam top-1, one prefill) vs HF `generate`
+    with Outlines' llguidance logits processor producing the same N samples (no beam: HF beam
+    search reorders rows under Outlines' per-row matchers, see DESIGN.md)."""
+    from outlines import from_transformers
+    from outlines.backends.llguidance import LLGuidanceBackend
+    from transformers import LogitsProcessorList
+
+    from grammarrl.chat import end_of_turn_id
+
+    cfg = bench.config(f"task={task_name}")
+    model, tokenizer = bench.load(cfg)
+    task, prompts = real_prompts(cfg, tokenizer, 1)
+    prompt = prompts[0]
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    processor = LLGuidanceBackend(from_transformers(model, tokenizer)).get_cfg_logits_processor(
+        lark_source(task.grammar()))
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    stop = end_of_turn_id(tokenizer)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    peer_lengths: list[int] = []
+
+    def ours() -> list[int]:
+        group = decoder.rollout([prompt], num_samples, beam_width, generator=generator)[0]
+        return [len(g.token_ids) for g in group]
+
+    @torch.inference_mode()
+    def peer() -> list[int]:
+        processor.reset()
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+            top_k=0, top_p=1.0, num_return_sequences=num_samples,
+            max_new_tokens=cfg.task.max_new_tokens, eos_token_id=stop, pad_token_id=stop,
+            logits_processor=LogitsProcessorList([processor]))
+        generated = out[:, len(prompt):]
+        lengths = [int((row != stop).sum()) + 1 for row in generated]
+        peer_lengths.extend(lengths)
+        return lengths
+
+    timing = interleaved({"ours": ours, "hf_generate_outlines": peer}, bench.repeats)
+    o, h = timing["ours"]["median_s"], timing["hf_generate_outlines"]["median_s"]
+    return BenchResult(
+        name=f"group_rollout/{task_name}", ratio=h / o, goal=2.0, at_most=False,
+        details={"task": task_name, "prompt_tokens": len(prompt), "num_samples": num_samples,
+                 "beam_width": beam_width, "ours_s": timing["ours"],
+                 "hf_generate_outlines_s": timing["hf_generate_outlines"],
+                 "peer_output_tokens": peer_lengths[-num_samples:],
+                 "ratio_is": "peer seconds / our seconds (ours also runs the beam)"})
+
+
+def eval_batching(bench: Bench, task_name: str, batch_size: int = 8) -> BenchResult:
+    """Evaluation throughput: constrained greedy over `batch_size` prompts in one batch vs
+    one prompt at a time (same prompts, same outputs)."""
+    cfg = bench.config(f"task={task_name}")
+    model, tokenizer = bench.load(cfg)
+    task, prompts = real_prompts(cfg, tokenizer, batch_size)
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+
+    def batched() -> list[str]:
+        return [g.text for g in decoder.greedy(prompts)]
+
+    def one_by_one() -> list[str]:
+        return [decoder.greedy([p])[0].text for p in prompts]
+
+    # Long calls: no warm-up call (the model already ran), at most 2 repeats.
+    timing = interleaved({"batched": batched, "batch_1": one_by_one}, min(bench.repeats, 2),
+                         warmup=False)
+    same = timing["batched"].pop("result") == timing["batch_1"].pop("result")
+    b, s = timing["batched"]["median_s"], timing["batch_1"]["median_s"]
+    return BenchResult(
+        name=f"eval_batching/{task_name}", ratio=s / b, goal=1.5, at_most=False,
+        details={"task": task_name, "batch_size": batch_size,
+                 "prompt_tokens": [len(p) for p in prompts], "batched_s": timing["batched"],
+                 "batch_1_s": timing["batch_1"], "same_outputs": same,
+                 "examples_per_s": {"batched": round(batch_size / b, 4),
+                                    "batch_1": round(batch_size / s, 4)}})

@@ -1,0 +1,138 @@
+"""RL-step benchmarks: prefix sharing on vs off (by config), time per phase, growth with prompt
+length and N, and peak resident memory of a step (in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+import lightning as L
+
+from benchmarks.common import Bench, BenchResult
+
+PHASES = ("rollout", "scoring", "policy", "backward", "optimizer", "step")
+# Fixed σ's: the benchmark times a step, it does not need calibrated rewards.
+STEP_OVERRIDES = ("reward.sigma_direct=1.0", "reward.sigma_reverse=1.0", "optim.lr=1e-5")
+
+
+def run_steps(bench: Bench, steps: int, *overrides: str) -> list[dict[str, float]]:
+    """Run `steps` real training steps (Lightning, LoRA policy, this config) and return each
+    step's wall time per phase."""
+    from grammarrl.datamodule import GrammarRLDataModule
+    from grammarrl.models import add_lora
+    from grammarrl.module import GrammarRLModule
+    from grammarrl.tasks import load_task
+
+    cfg = bench.config(*STEP_OVERRIDES, f"optim.max_steps={steps}", *overrides)
+    L.seed_everything(cfg.seed, verbose=False)
+    model, tokenizer = bench.load(cfg)
+    task = load_task(cfg)
+    module = GrammarRLModule(cfg, add_lora(model, cfg.lora), tokenizer, task,
+                             cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    trainer = L.Trainer(
+        accelerator=cfg.trainer.accelerator, devices=1, max_steps=steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=cfg.optim.grad_clip)
+    trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task))
+    return module.phase_history
+
+
+def median_phases(history: list[dict[str, float]], skip: int = 1) -> dict[str, float]:
+    """Median seconds per phase over the steps after the first `skip` (warm-up)."""
+    kept = history[skip:] or history
+    return {phase: round(statistics.median(h[phase] for h in kept), 4) for phase in PHASES}
+
+
+def prefix_sharing(bench: Bench, task_name: str, batch_size: int = 1, steps: int = 2,
+                   extra: tuple[str, ...] = ()) -> BenchResult:
+    """One RL step with the prompt's KV cache shared across the group (and static prefixes
+    cached) vs the same step with `train.share_prefix=false`; same inputs and seeds."""
+    common = (f"task={task_name}", f"optim.batch_size={batch_size}", *extra)
+    shared = median_phases(run_steps(bench, steps, *common, "train.share_prefix=true"))
+    unshared = median_phases(run_steps(bench, steps, *common, "train.share_prefix=false"))
+    return BenchResult(
+        name=f"rl_step_prefix_sharing/{task_name}", ratio=unshared["step"] / shared["step"],
+        goal=2.5, at_most=False,
+        details={"task": task_name, "batch_size": batch_size, "steps": steps,
+                 "timed_steps": max(steps - 1, 1), "overrides": list(extra),
+                 "shared_s": shared, "unshared_s": unshared,
+                 "phase_ratio": {p: round(unshared[p] / max(shared[p], 1e-9), 3) for p in PHASES}})
+
+
+def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tuple[int, ...],
+            steps: int = 2) -> BenchResult:
+    """Step time vs prompt length (few-shot count) and N, shared vs unshared. The ratio is how
+    much more the unshared step grows from the smallest to the largest N than the shared one."""
+    from grammarrl.tasks import load_task
+    from grammarrl.chat import encode_prompt
+
+    rows = []
+    for fewshot in fewshots:
+        cfg = bench.config(f"task={task_name}", f"task.num_fewshot={fewshot}")
+        _, tokenizer = bench.load(cfg)
+        task = load_task(cfg)
+        example = task.splits().train[0]
+        prompt_tokens = len(encode_prompt(tokenizer, task.forward_messages(example)))
+        for n in samples:
+            row: dict[str, Any] = {"num_fewshot": fewshot, "prompt_tokens": prompt_tokens,
+                                   "num_samples": n}
+            for share in (True, False):
+                phases = median_phases(run_steps(
+                    bench, steps, f"task={task_name}", f"task.num_fewshot={fewshot}",
+                    f"rollout.num_samples={n}", "optim.batch_size=1",
+                    f"train.share_prefix={str(share).lower()}"))
+                row["shared_s" if share else "unshared_s"] = phases["step"]
+            rows.append(row)
+    longest = [r for r in rows if r["num_fewshot"] == max(fewshots)]
+    lo = min(longest, key=lambda r: r["num_samples"])
+    hi = max(longest, key=lambda r: r["num_samples"])
+    growth_shared = hi["shared_s"] / lo["shared_s"]
+    growth_unshared = hi["unshared_s"] / lo["unshared_s"]
+    return BenchResult(
+        name=f"rl_step_scaling/{task_name}", ratio=growth_unshared / growth_shared, goal=1.0,
+        at_most=False,
+        details={"table": rows, "growth_in_n_shared": round(growth_shared, 3),
+                 "growth_in_n_unshared": round(growth_unshared, 3),
+                 "ratio_is": "unshared growth / shared growth from the smallest to the largest N "
+                             "at the longest prompt (> 1: shared grows slower)"})
+
+
+def peak_memory(bench: Bench, task_name: str, batch_size: int = 1, limit_gb: float = 4.0
+                ) -> BenchResult:
+    """Peak resident memory (max RSS) of a fresh process that loads the model and the task and
+    runs 2 RL steps at the paper's N=3, B=3."""
+    args = [sys.executable, "-m", "benchmarks.rl_step", "--task", task_name, "--model",
+            bench.model, "--batch-size", str(batch_size), *[f"--override={o}" for o in
+                                                           bench.overrides]]
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the memory probe failed: {done.stderr[-2000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    gb = report["max_rss_kb"] / 2**20
+    return BenchResult(name=f"rl_step_peak_memory_gb/{task_name}", ratio=gb, goal=limit_gb,
+                       at_most=True, details={"batch_size": batch_size, **report})
+
+
+def _memory_probe() -> None:
+    """Child process of `peak_memory`: 2 steps, then print max RSS as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--override", action="append", default=[])
+    args = parser.parse_args()
+    bench = Bench(model=args.model, overrides=args.override)
+    history = run_steps(bench, 2, f"task={args.task}", f"optim.batch_size={args.batch_size}",
+                        "rollout.num_samples=3", "rollout.beam_width=3")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"max_rss_kb": usage.ru_maxrss, "step_s": [h["step"] for h in history]}))
+
+
+if __name__ == "__main__":
+    _memory_probe()

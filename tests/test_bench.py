@@ -1,0 +1,55 @@
+"""The benchmark suite's plumbing on the tiny model (`python -m benchmarks --quick`): the
+bench.json schema, verdicts that follow from ratio and goal, and per-phase step timings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.__main__ import main
+from benchmarks.common import BenchResult
+from benchmarks.rl_step import PHASES
+
+
+def test_verdict_follows_ratio_and_goal_direction():
+    assert BenchResult("a", 1.04, 1.05, at_most=True).holds
+    assert not BenchResult("a", 1.06, 1.05, at_most=True).holds
+    assert BenchResult("b", 2.5, 2.5, at_most=False).holds
+    assert not BenchResult("b", 1.9, 2.0, at_most=False).record()["holds"]
+    assert BenchResult("b", 1.9, 2.0, at_most=False).record()["goal"] == ">= 2.0"
+
+
+def test_quick_suite_writes_bench_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main(["--quick", "--out", str(out), "--only", "grammar_overhead/conll",
+                 "--only", "eval_batching", "--only", "rl_step_prefix_sharing/conll"])
+    assert code == 0
+    records = {r["name"]: r for r in json.loads(out.read_text())}
+    assert set(records) == {"grammar_overhead/conll", "eval_batching/conll",
+                            "rl_step_prefix_sharing/conll"}
+    for record in records.values():
+        assert set(record) == {"name", "ratio", "goal", "holds", "details"}
+        assert record["ratio"] > 0
+        assert record["details"]["model"] == "tiny"
+        assert "cpu_count" in record["details"]["machine"]
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in records) and "/3 goals hold" in printed
+    overhead = records["grammar_overhead/conll"]
+    assert overhead["holds"] == (overhead["ratio"] <= 1.05)
+    assert overhead["details"]["generated_tokens"] and all(
+        n >= 1 for n in overhead["details"]["generated_tokens"])
+    batching = records["eval_batching/conll"]["details"]
+    assert batching["same_outputs"]  # batching changes speed, never outputs
+    sharing = records["rl_step_prefix_sharing/conll"]["details"]
+    for variant in ("shared_s", "unshared_s"):
+        phases = sharing[variant]
+        assert set(phases) == set(PHASES)
+        parts = sum(phases[p] for p in PHASES if p != "step")
+        assert 0 < parts <= phases["step"] * 1.001  # the step contains its phases
+
+
+def test_unknown_benchmark_name_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        main(["--quick", "--only", "no_such_benchmark", "--out", str(tmp_path / "b.json")])
+    assert info.value.code == 2
