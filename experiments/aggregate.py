@@ -31,7 +31,7 @@ def write_table(table: Table, out: Path) -> list[Path]:
 
 def runs_listing(runs: Sequence[Run], finished: Callable[[Run], bool], roots: Sequence[Path]) -> str:
     """Markdown list of every run with its status and configuration."""
-    lines = ["| run | status | configuration |", "|---|---|---|"]
+    lines = ["| run | status | wall time | configuration |", "|---|---|---|---|"]
     for run in runs:
         rel = next((str(run.path.relative_to(r)) for r in roots if run.path.is_relative_to(r)),
                    str(run.path))
@@ -39,7 +39,9 @@ def runs_listing(runs: Sequence[Run], finished: Callable[[Run], bool], roots: Se
         if not finished(run) and run.failure:
             error = " ".join(run.failure.split()).replace("|", "\\|")[:300]
             status = f"**failed**: {error}"
-        lines.append(f"| {rel or '.'} | {status} | {run.describe()} |")
+        wall = run.wall_seconds
+        wall_text = f"{wall / 60:.1f} min" if wall is not None else "–"
+        lines.append(f"| {rel or '.'} | {status} | {wall_text} | {run.describe()} |")
     return "\n".join(lines) + "\n"
 
 

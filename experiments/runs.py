@@ -154,6 +154,15 @@ class Run:
     def evaluations(self) -> list[Evaluation]:
         return [Evaluation(self, p.stem, _read_json(p)) for p in self.results_files]
 
+    @property
+    def wall_seconds(self) -> float | None:
+        """The job's wall time: from Hydra writing its config to the last results file (model
+        loading, calibration, training and every evaluation); None when unknown."""
+        start = self.path / ".hydra" / "config.yaml"
+        if not self.results_files or not start.is_file():
+            return None
+        return max(p.stat().st_mtime for p in self.results_files) - start.stat().st_mtime
+
     def describe(self) -> str:
         """Task, model and the swept keys, for listings of missing runs."""
         keys = ("task.name", "model.name", "mode", "lambda", "rollout.num_samples",

@@ -3,6 +3,8 @@ written with the real results schema (grammarrl.results); sweep expansion; launc
 
 from __future__ import annotations
 
+import os
+
 import json
 import re
 from pathlib import Path
@@ -107,6 +109,17 @@ def test_failed_run_is_listed_as_missing_not_dropped(sweep_2x2: Path, capsys):
     assert "| 4_lambda=0.5,rollout.beam_width=3 | **missing** |" in listing
     assert listing.count("| ok |") == 4
     assert "4_lambda=0.5,rollout.beam_width=3" in capsys.readouterr().err
+
+
+def test_runs_listing_gives_each_finished_job_its_wall_time(sweep_2x2: Path):
+    run = sweep_2x2 / "0_lambda=0.0,rollout.beam_width=3"
+    start = (run / ".hydra" / "config.yaml").stat().st_mtime
+    os.utime(run / "results.json", (start + 150, start + 150))
+    make_run(sweep_2x2, "4_lambda=0.5,rollout.beam_width=3", lam=0.5)  # unfinished
+    agg.aggregate("sweep", [sweep_2x2])
+    rows = md_rows((sweep_2x2 / "aggregate" / "runs.md").read_text())
+    assert rows["0_lambda=0.0,rollout.beam_width=3"][:2] == ["ok", "2.5 min"]
+    assert rows["4_lambda=0.5,rollout.beam_width=3"][:2] == ["missing", "–"]
 
 
 def test_errors_name_the_directory(tmp_path: Path):
@@ -295,7 +308,8 @@ def test_ablation_lambda_expands_to_five_jobs():
 @pytest.mark.parametrize(("experiment", "count"), [
     ("main", 45), ("ablation_rollout", 5), ("calibration", 21), ("inference_time", 15),
     ("main_cpu", 5), ("ablation_lambda_cpu", 5), ("ablation_rollout_cpu", 5),
-    ("calibration_cpu", 5), ("inference_time_cpu", 5)])
+    ("calibration_cpu", 5), ("inference_time_cpu", 5), ("evidence_conll_cpu", 5),
+    ("evidence_gloss_cpu", 5)])
 def test_experiments_expand_and_validate(experiment: str, count: int):
     expanded = jobs.expand([f"+experiment={experiment}"])
     assert len(expanded) == count
