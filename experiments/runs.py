@@ -156,12 +156,15 @@ class Run:
 
     @property
     def wall_seconds(self) -> float | None:
-        """The job's wall time: from Hydra writing its config to the last results file (model
-        loading, calibration, training and every evaluation); None when unknown."""
-        start = self.path / ".hydra" / "config.yaml"
-        if not self.results_files or not start.is_file():
+        """The job's wall time (model loading, calibration, training, every evaluation) from
+        the `timing.json` a completed job writes; None when unknown."""
+        path = self.path / "timing.json"
+        if not self.results_files or not path.is_file():
             return None
-        return max(p.stat().st_mtime for p in self.results_files) - start.stat().st_mtime
+        try:
+            return float(json.loads(path.read_text())["wall_seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def describe(self) -> str:
         """Task, model and the swept keys, for listings of missing runs."""

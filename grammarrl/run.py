@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from grammarrl.config import validate
 from grammarrl.errors import GrammarRLError
+from grammarrl.results import write_json
 
 log = logging.getLogger("grammarrl")
 
@@ -54,7 +55,24 @@ def dispatch(cfg: DictConfig) -> object:
         if err.name != module_name:
             raise
         raise GrammarRLError(f"mode={cfg.mode} is not built yet in this version of GrammarRL")
-    return getattr(module, func_name)(cfg)
+    started = time.time()
+    result = getattr(module, func_name)(cfg)
+    record_timing(started)
+    return result
+
+
+TIMING = "timing.json"  # wall time of the job's last complete run (skipped re-runs keep it)
+
+
+def record_timing(started: float) -> None:
+    """Write `timing.json` (start, end, wall seconds) into the job's run directory."""
+    out = _hydra_run_dir()
+    if out is not None:
+        finished = time.time()
+        write_json(out / TIMING, {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(finished)),
+            "wall_seconds": round(finished - started, 1)})
 
 
 def _hydra_run_dir() -> Path | None:
@@ -87,7 +105,6 @@ def record_failure(cfg: DictConfig, err: BaseException) -> None:
     out = _hydra_run_dir()
     if out is None:
         return
-    from grammarrl.results import write_json
 
     record = {
         "error": str(err),

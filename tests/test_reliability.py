@@ -89,12 +89,15 @@ def test_sweep_records_a_failed_job_runs_the_others_and_rerun_skips_completed(tm
     assert failure["type"] == "ConfigError" and "lambda=1.5" in failure["error"]
     assert not (bad / "results.json").exists()
 
+    timing = (good / "timing.json").read_text()
+    assert json.loads(timing)["wall_seconds"] > 0 and not (bad / "timing.json").exists()
     before = (good / "results.json").read_bytes(), (good / "results.json").stat().st_mtime_ns
     second = cli(*args)  # the same sweep again: the completed job is skipped, not re-run
     assert second.returncode != 0
     assert "Skipping this job" in second.stdout + second.stderr
     assert ((good / "results.json").read_bytes(),
             (good / "results.json").stat().st_mtime_ns) == before
+    assert (good / "timing.json").read_text() == timing  # a skipped re-run keeps the timing
 
     from experiments import aggregate as agg
 
