@@ -10,7 +10,6 @@ write bench.json (a list of {"name", "ratio", "goal", "holds", "details"}).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Callable
 
 from benchmarks import decoding, rl_step
 from benchmarks.common import Bench, BenchResult, machine
+from grammarrl.results import write_json
 
 
 def suite(bench: Bench) -> list[tuple[str, Callable[[], BenchResult]]]:
@@ -73,14 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         result = run()
         entry = result.record()
-        entry["details"]["benchmark_seconds"] = round(time.perf_counter() - t0, 1)
-        entry["details"].update(model=model, overrides=overrides, repeats=bench.repeats)
+        entry["details"].update(benchmark_seconds=round(time.perf_counter() - t0, 1),
+                                model=model, overrides=overrides, repeats=bench.repeats,
+                                machine=machine())
         records.append(entry)
         print(result.line(), flush=True)
-    env = machine()
-    for entry in records:
-        entry["details"]["machine"] = env
-    Path(args.out).write_text(json.dumps(records, indent=2) + "\n")
+        write_json(Path(args.out), records)  # after every benchmark: a long run keeps its part
     held = sum(r["holds"] for r in records)
     print(f"{held}/{len(records)} goals hold; {time.perf_counter() - started:.0f} s; "
           f"wrote {args.out}")
