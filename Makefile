@@ -44,7 +44,7 @@ SWEEP  := nice -n 10 $(PY) -m grammarrl.run -m
 AGG    := $(PY) -m experiments.aggregate
 CPUDIR := multirun/cpu
 
-.PHONY: evidence-cpu sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
+.PHONY: evidence-cpu evidence-report sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
 	sweep-calibration-cpu sweep-inference-time-cpu paper-cpu
 
 # The whole chain in about a minute: a 2x2 sweep (λ x rollout beam) of the random tiny model.
@@ -79,8 +79,12 @@ evidence-cpu: venv
 	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence_conll_cpu hydra.sweep.dir=$(CPUDIR)/evidence_conll & \
 	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence_gloss_cpu hydra.sweep.dir=$(CPUDIR)/evidence_gloss & \
 	wait
-	$(AGG) main $(CPUDIR)/evidence_conll
-	$(AGG) main $(CPUDIR)/evidence_gloss
+	$(MAKE) evidence-report
+
+EVIDENCE := $(CPUDIR)/evidence_conll $(CPUDIR)/evidence_gloss
+evidence-report: venv
+	$(AGG) main $(EVIDENCE) --out experiments/results/smollm2-cpu
+	$(AGG) ablation_lambda $(EVIDENCE) --baselines $(EVIDENCE) --out experiments/results/smollm2-cpu
 
 # Every CPU-scale table, in dependency order (hours on 2 cores).
 paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \
