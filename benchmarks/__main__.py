@@ -32,6 +32,7 @@ def suite(bench: Bench) -> list[tuple[str, Callable[[], BenchResult]]]:
         ("group_rollout/conll", lambda: decoding.group_rollout(bench, "conll")),
         ("group_rollout/gloss", lambda: decoding.group_rollout(bench, "gloss")),
         ("eval_batching/conll", lambda: decoding.eval_batching(bench, "conll")),
+        ("eval_batching/wos", lambda: decoding.eval_batching(bench, "wos")),
         ("rl_step_prefix_sharing/conll", lambda: rl_step.prefix_sharing(bench, "conll")),
         ("rl_step_prefix_sharing/wos", lambda: rl_step.prefix_sharing(bench, "wos")),
         ("rl_step_peak_memory_gb/conll", lambda: rl_step.peak_memory(bench, "conll")),
