@@ -52,10 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="tiny random model and bundled samples (checks the plumbing)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    for noisy in ("lightning", "lightning.pytorch", "grammarrl"):  # tips, data-size warnings
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
     model = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model=")),
                  "tiny" if args.quick else "smollm2")
     overrides = [o for o in args.overrides if not o.startswith("model=")]
@@ -86,5 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def quiet_logging() -> None:
+    """Silence Lightning tips and data-size warnings for a readable benchmark log. Called only
+    from the command line: it changes process-wide logging, which callers of main() keep."""
+    logging.basicConfig(level=logging.WARNING)
+    for noisy in ("lightning", "lightning.pytorch", "grammarrl"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
 if __name__ == "__main__":
+    quiet_logging()
     sys.exit(main())

@@ -4,6 +4,7 @@ bench.json schema, verdicts that follow from ratio and goal, and per-phase step 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -23,8 +24,9 @@ def test_verdict_follows_ratio_and_goal_direction():
 def test_quick_suite_writes_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(["--quick", "--out", str(out), "--only", "grammar_overhead/conll",
-                 "--only", "eval_batching", "--only", "rl_step_prefix_sharing/conll"])
+                 "--only", "eval_batching/conll", "--only", "rl_step_prefix_sharing/conll"])
     assert code == 0
+    assert logging.getLogger("grammarrl").isEnabledFor(logging.WARNING)  # later tests read logs
     records = {r["name"]: r for r in json.loads(out.read_text())}
     assert set(records) == {"grammar_overhead/conll", "eval_batching/conll",
                             "rl_step_prefix_sharing/conll"}
