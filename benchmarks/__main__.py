@@ -36,6 +36,8 @@ def suite(bench: Bench) -> list[tuple[str, Callable[[], BenchResult]]]:
         ("rl_step_prefix_sharing/conll", lambda: rl_step.prefix_sharing(bench, "conll")),
         ("rl_step_prefix_sharing/wos", lambda: rl_step.prefix_sharing(bench, "wos")),
         ("rl_step_peak_memory_gb/conll", lambda: rl_step.peak_memory(bench, "conll")),
+        ("rl_step_peak_memory_gb/conll+checkpointing",
+         lambda: rl_step.peak_memory(bench, "conll", checkpointing=True)),
         ("rl_step_scaling/conll",
          lambda: rl_step.scaling(bench, "conll", fewshots, (3, 6), steps=1)),
     ]

@@ -101,20 +101,23 @@ def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tu
                              "at the longest prompt (> 1: shared grows slower)"})
 
 
-def peak_memory(bench: Bench, task_name: str, batch_size: int = 1, limit_gb: float = 4.0
-                ) -> BenchResult:
+def peak_memory(bench: Bench, task_name: str, checkpointing: bool = False, batch_size: int = 1,
+                limit_gb: float = 4.0) -> BenchResult:
     """Peak resident memory (max RSS) of a fresh process that loads the model and the task and
-    runs 2 RL steps at the paper's N=3, B=3."""
+    runs 2 RL steps at the paper's N=3, B=3; with `train.gradient_checkpointing` if asked."""
+    overrides = [*bench.overrides, f"train.gradient_checkpointing={str(checkpointing).lower()}"]
     args = [sys.executable, "-m", "benchmarks.rl_step", "--task", task_name, "--model",
-            bench.model, "--batch-size", str(batch_size), *[f"--override={o}" for o in
-                                                           bench.overrides]]
+            bench.model, "--batch-size", str(batch_size), *[f"--override={o}" for o in overrides]]
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the memory probe failed: {done.stderr[-2000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
     gb = report["max_rss_kb"] / 2**20
-    return BenchResult(name=f"rl_step_peak_memory_gb/{task_name}", ratio=gb, goal=limit_gb,
-                       at_most=True, details={"batch_size": batch_size, **report})
+    suffix = "+checkpointing" if checkpointing else ""
+    return BenchResult(name=f"rl_step_peak_memory_gb/{task_name}{suffix}", ratio=gb,
+                       goal=limit_gb, at_most=True,
+                       details={"batch_size": batch_size, "gradient_checkpointing": checkpointing,
+                                **report})
 
 
 def _memory_probe() -> None:

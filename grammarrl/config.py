@@ -78,6 +78,7 @@ class OptimSchema:
 @dataclass
 class TrainSchema:
     share_prefix: bool = True
+    gradient_checkpointing: bool = False
     resume: Any = "auto"
     eval_baseline: bool = False
     eval_beam: bool = False

@@ -39,6 +39,8 @@ class GrammarRLModule(L.LightningModule):
         self.sigma_direct = sigma_direct
         self.sigma_reverse = sigma_reverse
         share = cfg.train.share_prefix
+        if cfg.train.gradient_checkpointing:  # only in train mode: rollouts and scoring keep caches
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens,
                                           share_prefix=share)
         self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)

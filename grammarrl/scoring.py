@@ -1,7 +1,9 @@
 """Teacher-forced, unconstrained token log-probabilities of many sequences sharing a prefix.
 
 The shared prefix (a long few-shot prompt, or the static part of the reverse prompt) is run
-once and its KV cache is expanded to every row; only the differing suffixes are batched.
+once: the differing suffixes are packed after it into one row, each attending to the prefix
+and to its own earlier tokens only (a block mask; positions restart after the prefix). So the
+prompt's activations and keys exist once, not once per candidate, with or without gradient.
 Gradients flow through the shared prefix too, so the result is exact with or without
 `share_prefix`.
 """
@@ -23,10 +25,9 @@ class Prefix:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     last_logits: torch.Tensor  # [1, vocab]
 
-    def cache_for(self, rows: int) -> DynamicCache:
-        """A cache holding this prefix for `rows` rows (views; appending copies)."""
-        return DynamicCache(ddp_cache_data=[
-            (k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.kv])
+    def cache(self) -> DynamicCache:
+        """A fresh batch-1 cache holding this prefix (appending copies; the prefix is kept)."""
+        return DynamicCache(ddp_cache_data=list(self.kv))
 
 
 def encode_prefix(model: torch.nn.Module, tokens: list[int]) -> Prefix:
@@ -70,45 +71,85 @@ def sequence_logprobs(
     """Per-token log p(seq[t] | seq[:t]) for t >= score_from[i], for each sequence i.
 
     With `share_prefix`, the longest common prefix (capped so every scored token stays in
-    the suffix) is computed once and its cache shared by all rows. A precomputed `prefix`
-    (e.g. a static prompt part under the frozen model) is used instead when given.
+    the suffix) is run once and the suffixes are packed after it. A precomputed `prefix`
+    (e.g. a static prompt part under the frozen model) is read from its cache instead.
+    Without either, every sequence is a padded row of its own.
     """
     if len(sequences) != len(score_from):
         raise ValueError("sequences and score_from differ in length")
     if any(not 1 <= start < len(seq) + 1 for seq, start in zip(sequences, score_from)):
         raise ValueError("each score_from must be in [1, len(sequence)]")
-    device = _model_device(model)
-    if prefix is None and share_prefix:
-        prefix_len = min(common_prefix_length(sequences), min(score_from))
-        prefix = encode_prefix(model, sequences[0][:prefix_len]) if prefix_len > 0 else None
-    prefix_len, prefix_logits, cache = 0, None, None
     if prefix is not None:
-        prefix_len = len(prefix.tokens)
-        if any(seq[:prefix_len] != prefix.tokens or start < prefix_len
+        cached = len(prefix.tokens)
+        if any(seq[:cached] != prefix.tokens or start < cached
                for seq, start in zip(sequences, score_from)):
             raise ValueError("every sequence must start with the given prefix, scored after it")
-        prefix_logits = prefix.last_logits  # predicts the first suffix token
-        cache = prefix.cache_for(len(sequences))
+        return _packed_logprobs(model, [], [seq[cached:] for seq in sequences],
+                                [start - cached for start in score_from], prefix)
+    if not share_prefix:
+        return _padded_logprobs(model, sequences, score_from)
+    shared = min(common_prefix_length(sequences), min(score_from))
+    return _packed_logprobs(model, sequences[0][:shared], [seq[shared:] for seq in sequences],
+                            [start - shared for start in score_from], None)
 
-    suffixes = [seq[prefix_len:] for seq in sequences]
-    width = max(len(s) for s in suffixes)
+
+def _padded_logprobs(model: torch.nn.Module, sequences: list[list[int]], score_from: list[int]
+                     ) -> list[torch.Tensor]:
+    """One right-padded row per sequence, no sharing."""
+    device = _model_device(model)
+    width = max(len(s) for s in sequences)
     pad = sequences[0][0]
-    ids = torch.tensor([s + [pad] * (width - len(s)) for s in suffixes], device=device)
-    valid = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in suffixes], device=device)
-    attention = torch.cat([torch.ones(len(suffixes), prefix_len, device=device, dtype=valid.dtype),
-                           valid], dim=1)
-    positions = (torch.arange(width, device=device) + prefix_len).expand(len(suffixes), -1)
-    out = model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                past_key_values=cache, use_cache=cache is not None)
-    logits = out.logits
-    if prefix_logits is not None:  # logits predicting suffix token j come from position j-1
-        logits = torch.cat([prefix_logits.expand(len(suffixes), -1).unsqueeze(1), logits[:, :-1]], 1)
-        token_logp = _gather_logprobs(logits, ids)
-        offset = prefix_len
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences], device=device)
+    valid = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences], device=device)
+    token_logp = _gather_logprobs(model(input_ids=ids, attention_mask=valid).logits[:, :-1],
+                                  ids[:, 1:])
+    return [token_logp[i, start - 1: len(seq) - 1]
+            for i, (seq, start) in enumerate(zip(sequences, score_from))]
+
+
+def _packed_logprobs(model: torch.nn.Module, head: list[int], suffixes: list[list[int]],
+                     starts: list[int], cached: Prefix | None) -> list[torch.Tensor]:
+    """Log-probs of suffixes[i][starts[i]:] after a shared prefix: `cached` (already run,
+    read from its cache) followed by `head` (run here), with the suffixes packed into one row.
+
+    A suffix token at index j is predicted by the same suffix's position j-1, or for j = 0 by
+    the prefix's last position."""
+    device = _model_device(model)
+    dtype = next(model.parameters()).dtype
+    past = len(cached.tokens) if cached is not None else 0
+    offset = past + len(head)  # where every suffix starts in its sequence
+    ids, positions, segment = list(head), list(range(past, offset)), [-1] * len(head)
+    for row, suffix in enumerate(suffixes):
+        ids += suffix
+        positions += range(offset, offset + len(suffix))
+        segment += [row] * len(suffix)
+    seg = torch.tensor(segment, device=device)
+    index = torch.arange(len(ids), device=device)
+    visible = (index[None, :] <= index[:, None]) & ((seg[None, :] == -1) | (seg[None, :] == seg[:, None]))
+    visible = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), visible], 1)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(
+        ~visible, torch.finfo(dtype).min)[None, None]  # additive: works for sdpa and eager
+    packed = len(ids) - len(head)
+    keep = packed + (1 if head else 0)  # the prefix's last position predicts each first token
+    out = model(input_ids=torch.tensor([ids], device=device), attention_mask=mask,
+                position_ids=torch.tensor([positions], device=device),
+                past_key_values=cached.cache() if cached is not None else None,
+                use_cache=cached is not None, logits_to_keep=keep)
+    logits = out.logits[0]
+    if head:
+        before, logits = logits[:1], logits[1:]
     else:
-        token_logp = _gather_logprobs(logits[:, :-1], ids[:, 1:])
-        offset = 1
-    return [
-        token_logp[i, start - offset: len(seq) - offset]
-        for i, (seq, start) in enumerate(zip(sequences, score_from))
-    ]
+        before = cached.last_logits if cached is not None else None
+    predictors, targets, lengths, at = [], [], [], 0
+    for suffix, start in zip(suffixes, starts):
+        rows = logits[at + max(start - 1, 0): at + len(suffix) - 1]
+        if start == 0:
+            if before is None:
+                raise ValueError("a first token cannot be scored without a prefix")
+            rows = torch.cat([before, rows])
+        predictors.append(rows)
+        targets += suffix[start:]
+        lengths.append(len(suffix) - start)
+        at += len(suffix)
+    token_logp = _gather_logprobs(torch.cat(predictors), torch.tensor(targets, device=device))
+    return list(token_logp.split(lengths))
