@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import platform
 import statistics
@@ -113,6 +115,18 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: bool = 
             times[name].append(seconds)
     return {name: {"median_s": round(statistics.median(ts), 4), "times_s": [round(t, 4) for t in ts],
                    "result": results[name]} for name, ts in times.items()}
+
+
+def release_memory() -> None:
+    """Free what the last benchmark left (models, trainers) and hand glibc's free heap back to
+    the OS, so one benchmark's fragmentation does not crowd the next on a small machine."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def machine() -> dict[str, Any]:

@@ -8,6 +8,7 @@ import resource
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -47,7 +48,7 @@ def median_phases(history: list[dict[str, float]], skip: int = 1) -> dict[str, f
     return {phase: round(statistics.median(h[phase] for h in kept), 4) for phase in PHASES}
 
 
-def prefix_sharing(bench: Bench, task_name: str, batch_size: int = 1, steps: int = 2,
+def prefix_sharing(bench: Bench, task_name: str, batch_size: int = 1, steps: int = 1,
                    extra: tuple[str, ...] = ()) -> BenchResult:
     """One RL step with the prompt's KV cache shared across the group (and static prefixes
     cached) vs the same step with `train.share_prefix=false`; same inputs and seeds."""
@@ -64,7 +65,7 @@ def prefix_sharing(bench: Bench, task_name: str, batch_size: int = 1, steps: int
 
 
 def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tuple[int, ...],
-            steps: int = 2) -> BenchResult:
+            steps: int = 1) -> BenchResult:
     """Step time vs prompt length (few-shot count) and N, shared vs unshared. The ratio is how
     much more the unshared step grows from the smallest to the largest N than the shared one."""
     from grammarrl.tasks import load_task
@@ -103,7 +104,7 @@ def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tu
 
 def peak_memory(bench: Bench, task_name: str, checkpointing: bool = False, batch_size: int = 1,
                 limit_gb: float = 4.0) -> BenchResult:
-    """Peak resident memory (max RSS) of a fresh process that loads the model and the task and
+    """Peak resident memory (VmHWM) of a fresh process that loads the model and the task and
     runs 2 RL steps at the paper's N=3, B=3; with `train.gradient_checkpointing` if asked."""
     overrides = [*bench.overrides, f"train.gradient_checkpointing={str(checkpointing).lower()}"]
     args = [sys.executable, "-m", "benchmarks.rl_step", "--task", task_name, "--model",
@@ -133,8 +134,18 @@ def _memory_probe() -> None:
     bench = Bench(model=args.model, overrides=args.override)
     history = run_steps(bench, 2, f"task={args.task}", f"optim.batch_size={args.batch_size}",
                         "rollout.num_samples=3", "rollout.beam_width=3")
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"max_rss_kb": usage.ru_maxrss, "step_s": [h["step"] for h in history]}))
+    print(json.dumps({"max_rss_kb": peak_rss_kb(), "step_s": [h["step"] for h in history]}))
+
+
+def peak_rss_kb() -> int:
+    """This process's peak resident memory in KiB. Linux: VmHWM, which belongs to the process's
+    own address space; ru_maxrss would report the parent's RSS at fork when that is larger."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 if __name__ == "__main__":
