@@ -1,7 +1,8 @@
 """σ constants: mean within-group standard deviation of each reward term under the frozen model.
 
 Resolution order for a run: `reward.sigma_*` set explicitly > a calibration file entry for
-(task, model, N, B) > the paper's table (`task.sigmas[model][nN_bB]`) > calibrate now.
+(task, model, N, B) measured under the run's data and prompt settings > the paper's table
+(`task.sigmas[model][nN_bB]`) > calibrate now.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ def calibration_key(cfg: DictConfig) -> str:
     return f"{cfg.task.name}/{cfg.model.name}/{rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width)}"
 
 
+def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
+    """What the σ's depend on beyond the key: the data and how prompts and candidates are built.
+    An entry measured under other conditions is not reused."""
+    return {
+        "data_dir": cfg.data.dir,
+        "split_seed": cfg.data.split_seed,
+        "embedder": cfg.data.embedder,
+        "num_fewshot": cfg.task.num_fewshot,
+        "num_hints": cfg.task.num_hints,
+        "max_new_tokens": cfg.task.max_new_tokens,
+    }
+
+
 def _read(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -49,10 +63,14 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
     if cfg.reward.sigma_direct is not None and cfg.reward.sigma_reverse is not None:
         return float(cfg.reward.sigma_direct), float(cfg.reward.sigma_reverse), "config"
     entry = _read(calibration_file(cfg)).get(calibration_key(cfg))
-    if entry is not None and entry.get("data_dir") != cfg.data.dir:
-        log.warning("ignoring the calibrated σ's of %s: measured on data.dir=%s, not %s",
-                    calibration_key(cfg), entry.get("data_dir"), cfg.data.dir)
-        entry = None
+    if entry is not None:
+        differ = [f"{name}={entry.get(name, 'unrecorded')} (this run: {value})"
+                  for name, value in calibration_conditions(cfg).items()
+                  if entry.get(name) != value]
+        if differ:
+            log.warning("ignoring the calibrated σ's of %s in %s: measured with %s",
+                        calibration_key(cfg), calibration_file(cfg), ", ".join(differ))
+            entry = None
     if entry is not None:
         return entry["sigma_direct"], entry["sigma_reverse"], str(calibration_file(cfg))
     paper = cfg.task.sigmas.get(cfg.model.name, {}).get(
@@ -93,7 +111,7 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
         "mean_direct": direct_t.mean().item(),
         "mean_reverse": reverse_t.mean().item(),
         "seed": cfg.seed,
-        "data_dir": cfg.data.dir,
+        **calibration_conditions(cfg),
     }
 
 

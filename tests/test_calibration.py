@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from grammarrl.calibration import lookup_sigmas, store_sigmas, within_group_std
+from grammarrl.calibration import (calibration_conditions, lookup_sigmas, store_sigmas,
+                                   within_group_std)
 from tests.conftest import compose_config
 
 
@@ -30,7 +31,8 @@ def test_paper_table_for_llama_and_none_for_smollm2(tmp_path):
 
 def test_calibration_file_replaces_paper_and_config_wins(tmp_path):
     cfg = _cfg(tmp_path, "task=wos", "model=1b")
-    path = store_sigmas(cfg, {"sigma_direct": 0.4, "sigma_reverse": 0.03, "data_dir": cfg.data.dir})
+    path = store_sigmas(cfg, {"sigma_direct": 0.4, "sigma_reverse": 0.03,
+                              **calibration_conditions(cfg)})
     store_sigmas(_cfg(tmp_path, "task=conll", "model=1b"), {"sigma_direct": 0.9, "sigma_reverse": 0.2})
     assert set(json.loads(path.read_text())) == {"wos/1b/n3_b3", "conll/1b/n3_b3"}
     assert lookup_sigmas(cfg)[:2] == (0.4, 0.03)
@@ -38,3 +40,16 @@ def test_calibration_file_replaces_paper_and_config_wins(tmp_path):
     assert lookup_sigmas(other_data)[2] == "paper table"  # measured on other data: not reused
     explicit = _cfg(tmp_path, "task=wos", "model=1b", "reward.sigma_direct=2", "reward.sigma_reverse=3")
     assert lookup_sigmas(explicit) == (2.0, 3.0, "config")
+
+
+def test_sigmas_measured_with_other_prompts_are_not_reused(tmp_path, caplog):
+    cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
+    store_sigmas(cfg, {"sigma_direct": 0.6, "sigma_reverse": 0.1, **calibration_conditions(cfg)})
+    assert lookup_sigmas(cfg)[:2] == (0.6, 0.1)
+    assert lookup_sigmas(_cfg(tmp_path, "task=conll", "model=smollm2", "task.num_fewshot=3")) is None
+    assert "num_fewshot=10 (this run: 3)" in caplog.text
+    assert lookup_sigmas(_cfg(tmp_path, "task=conll", "model=smollm2", "task.num_hints=5")) is None
+    legacy = {"sigma_direct": 0.6, "sigma_reverse": 0.1, "data_dir": cfg.data.dir}
+    store_sigmas(cfg, legacy)  # written before prompt settings were recorded
+    assert lookup_sigmas(cfg) is None
+    assert "num_fewshot=unrecorded" in caplog.text
