@@ -13,7 +13,7 @@ from typing import Any
 
 import lightning as L
 
-from benchmarks.common import Bench, BenchResult
+from benchmarks.common import Bench, BenchResult, release_memory
 
 PHASES = ("rollout", "scoring", "policy", "backward", "optimizer", "step")
 # Fixed σ's: the benchmark times a step, it does not need calibrated rewards.
@@ -87,6 +87,7 @@ def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tu
                     f"rollout.num_samples={n}", "optim.batch_size=1",
                     f"train.share_prefix={str(share).lower()}"))
                 row["shared_s" if share else "unshared_s"] = phases["step"]
+                release_memory()
             rows.append(row)
     longest = [r for r in rows if r["num_fewshot"] == max(fewshots)]
     lo = min(longest, key=lambda r: r["num_samples"])
