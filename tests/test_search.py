@@ -406,6 +406,11 @@ def test_reverse_potential_is_the_summed_reverse_likelihood(tiny):
     n_x = len(scorer.input_ids(ex))
     assert values == pytest.approx([float(r) * n_x for r in ref.reverse], abs=1e-3)
     assert pot.forward_tokens > 0 and pot.forward_calls == 2
+    static = len(scorer.reverse_static_prefix().tokens)  # cached: only the suffixes are run
+    before, uneven = pot.forward_tokens, ["alpha", "a much longer candidate gloss here"]
+    pot.complete(ex, uneven)
+    assert pot.forward_tokens - before == sum(
+        len(encode_prompt(tok, task.reverse_messages(t))) + n_x - static for t in uneven)
     bound = pot.bind([ex])
     assert bound.complete(0, ["beta", "beta"]) == pytest.approx([values[1]] * 2)
 

@@ -123,8 +123,8 @@ class ReversePotential(Potential):
                     prefix=prefix,
                 )
             self.forward_calls += 1
-            width = max(len(p) + len(x_ids) - len(prefix.tokens) for p in prompts)
-            self.forward_tokens += width * len(prompts)  # padded batch positions
+            # positions run: the suffixes after the cached prefix, packed into one row
+            self.forward_tokens += sum(len(p) + len(x_ids) - len(prefix.tokens) for p in prompts)
             out.extend(float(lp.sum()) for lp in logps)
         return out
 
