@@ -541,3 +541,35 @@ def test_peft_model_and_training_mode(model, tok, prompts):
 def test_bad_grammar_is_a_clear_error(model, tok):
     with pytest.raises(GrammarError, match="grammar"):
         ConstrainedDecoder(model, tok, "start: undefined_rule", max_new_tokens=4)
+
+
+def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch):
+    """Two prompts of different lengths in one rollout batch, with a grammar whose beams dead-end
+    (after three digits only the end token is allowed), so beam groups shrink and regrow and
+    sample rows finish mid-batch: slots shift across the prompt boundary while the row count
+    stays the same. Every row's recorded log-probs must equal a from-scratch recomputation."""
+    import grammarrl.decoding.decoder as decoder_module
+
+    grammar = r"start: /[01]{1,3}/"
+    prompts = [encode_prompt(tok, [{"role": "user", "content": m}])
+               for m in ("hi", "What colour is the sky on a clear day, and why? " * 3)]
+    crossings = []
+    real_plan = decoder_module.plan_cache_update
+
+    def recording_plan(old_prompts, new_prompts, sources, trim):
+        if len(old_prompts) == len(new_prompts) and old_prompts != new_prompts and not trim:
+            crossings.append((old_prompts, new_prompts))
+        return real_plan(old_prompts, new_prompts, sources, trim)
+
+    monkeypatch.setattr(decoder_module, "plan_cache_update", recording_plan)
+    dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=6)
+    for seed in range(24):
+        groups = dec.rollout(prompts, num_samples=2, beam_width=3,
+                             generator=torch.Generator().manual_seed(seed))
+        for prompt, group in zip(prompts, groups):
+            for gen in group:
+                lu, lc, _ = teacher_forced(model, tok, grammar, prompt, gen.token_ids)
+                np.testing.assert_allclose(gen.logp_unconstrained, lu, atol=2e-4,
+                                           err_msg=f"seed {seed}, {gen.kind} {gen.token_ids}")
+                np.testing.assert_allclose(gen.logp_constrained, lc, atol=2e-4)
+    assert crossings, "the batch never shifted rows across prompts: the test lost its point"

@@ -390,16 +390,15 @@ class ConstrainedDecoder:
                 break
             # Reorder / drop / fork cache rows and trim the padding no row needs any more.
             trim = min(r.pad for r in new_rows)
-            identity = new_src == list(range(len(rows)))
-            if not identity and not trim and len(new_src) == len(rows):
-                # Beams re-ranked within their prompts: only the generated columns move.
-                same_prompt = all(rows[j].prompt == r.prompt for j, r in zip(new_src, new_rows))
+            plan = plan_cache_update([r.prompt for r in rows], [r.prompt for r in new_rows],
+                                     new_src, trim)
+            if plan == "suffix":
                 index = torch.tensor(new_src, device=device)
                 generated = len(new_rows[0].tokens) - 1  # tokens already in the cache
-                if same_prompt and reorder_suffix(cache, index, generated):
-                    identity = True
-            if not identity or trim:
-                index = None if identity else torch.tensor(new_src, device=device)
+                if not reorder_suffix(cache, index, generated):
+                    plan = "rows"
+            if plan == "rows" or trim:
+                index = None if plan == "keep" else torch.tensor(new_src, device=device)
                 select_rows(cache, index, trim)
                 for r in new_rows:
                     r.pad -= trim
@@ -505,6 +504,24 @@ class ConstrainedDecoder:
             target.greedy.append(gen)
         else:
             target.samples[row.index] = gen
+
+
+def plan_cache_update(old_prompts: list[int], new_prompts: list[int], sources: list[int],
+                      trim: int) -> str:
+    """How the batched cache must change between steps, given each slot's prompt before and
+    after and the slot each new row continues (`sources`):
+
+    - "keep": every row continues from its own slot;
+    - "suffix": only the generated columns move (`reorder_suffix`). Valid only when every slot
+      keeps a row of the same prompt, so its prompt KV and padding stay right: beams re-ranked
+      within their prompts;
+    - "rows": whole rows are gathered (`select_rows`), for any other change.
+    """
+    if sources == list(range(len(old_prompts))):
+        return "keep"
+    if not trim and old_prompts == new_prompts:
+        return "suffix"
+    return "rows"
 
 
 def _insort(finished: list[Generation], gen: Generation) -> None:
