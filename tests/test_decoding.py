@@ -573,3 +573,32 @@ def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch):
                                            err_msg=f"seed {seed}, {gen.kind} {gen.token_ids}")
                 np.testing.assert_allclose(gen.logp_constrained, lc, atol=2e-4)
     assert crossings, "the batch never shifted rows across prompts: the test lost its point"
+
+
+@pytest.mark.parametrize("slack", [0, -1])
+def test_output_completed_at_the_cap_is_finished_not_truncated(model, tok, prompts, slack):
+    """An output the grammar completes at exactly max_new_tokens is finished and valid (its end
+    token is forced, one past the cap); one token less of room truncates it. Greedy, beam,
+    samples and SMC particles alike."""
+    from grammarrl.decoding.smc import smc
+
+    stop = end_of_turn_id(tok)
+    grammar = r'start: "{\"n\": " /[0-9]{2}/ "}"'  # a fixed number of tokens, then only the end
+    free = ConstrainedDecoder(model, tok, grammar, max_new_tokens=30).greedy(prompts[:1])[0]
+    length = len(free.token_ids) - 1  # without the end token
+    cap = length + slack
+    dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=cap)
+    gens = (dec.greedy(prompts) + [b.top for b in dec.beam(prompts, 2)]
+            + [s for grp in dec.sample(prompts, 3, generator=torch.Generator().manual_seed(0))
+               for s in grp]
+            + smc(dec, prompts[:1], 3, generator=torch.Generator().manual_seed(0))[0].generations)
+    assert len(gens) == 3 + 3 + 9 + 3
+    for g in gens:
+        if slack == 0:
+            assert g.finished and not g.truncated, g
+            assert len(g.token_ids) == cap + 1 and g.token_ids[-1] == stop
+            assert len(g.logp_unconstrained) == cap + 1
+        else:
+            assert g.truncated and not g.finished and len(g.token_ids) == cap
+        assert_valid(tok, grammar, g, cap)
+    assert gens[0].token_ids == free.token_ids or slack

@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from grammarrl.chat import end_of_turn_id
 from grammarrl.decoding.cache import assemble, layer_tensors, reorder_suffix, select_rows
-from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer
+from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
 from grammarrl.decoding.types import BeamResult, Generation
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,9 @@ class ConstrainedDecoder:
 
     `grammar` is a Lark string (the task's Outlines CFG) compiled once. Prompts are token-id
     lists from `grammarrl.chat.encode_prompt`. Generation stops at the end-of-turn token, which
-    the mask allows only where the grammar accepts, or after `max_new_tokens` (truncated).
+    the mask allows only where the grammar accepts, or after `max_new_tokens` (truncated). An
+    output the grammar has completed within the cap (nothing but the end token may follow) is
+    never truncated: it takes its forced end token, one past the cap.
     """
 
     def __init__(
@@ -372,7 +374,7 @@ class ConstrainedDecoder:
                     self._emit(outputs, row, finished=True, truncated=False)
                 elif not row.matcher.consume_token(t):
                     self._emit(outputs, row, False, False, error=row.matcher.get_error())
-                elif len(row.tokens) >= max_new:
+                elif len(row.tokens) >= max_new and not grammar_complete(row.matcher):
                     self._emit(outputs, row, finished=False, truncated=True)
                 else:
                     new_rows.append(row)
@@ -462,8 +464,11 @@ class ConstrainedDecoder:
             self._close_group(outputs, group, [])
             return
         if len(live[0][1].tokens) >= max_new:  # all beams have the same length
-            self._close_group(outputs, group, [c for _, c in live])
-            return
+            complete = [(i, c) for i, c in live if grammar_complete(c.matcher)]
+            if not complete:
+                self._close_group(outputs, group, [c for _, c in live])
+                return
+            live = complete  # they take their forced end token in the next step
         for i, child in live:
             new_rows.append(child)
             new_src.append(i)

@@ -97,6 +97,12 @@ class CompiledGrammar:
         return bool(matcher.consume_tokens(tokens)) and matcher.is_accepting()
 
 
+def grammar_complete(matcher: llguidance.LLMatcher) -> bool:
+    """The output so far is complete: the grammar accepts it and allows nothing but the end
+    token after it. Such an output is never cut by the token cap (its end token is forced)."""
+    return matcher.is_stopped() and not matcher.is_error()
+
+
 class MaskComputer:
     """Batched token masks: llguidance fills a CPU bitmask for all rows in parallel; the bits are
     unpacked on the logits' device into a boolean [rows, logits_width] tensor. Columns past the

@@ -32,7 +32,7 @@ import torch
 
 from grammarrl.decoding.cache import assemble, select_rows
 from grammarrl.decoding.decoder import NEG_INF, SAMPLE, ConstrainedDecoder, _dead, _Row, _sample
-from grammarrl.decoding.grammar import MaskComputer
+from grammarrl.decoding.grammar import MaskComputer, grammar_complete
 from grammarrl.decoding.types import Generation
 
 
@@ -224,7 +224,7 @@ class _Loop:
                 else:
                     if self.on_prefix:
                         self._retwist(pt, self.twist.prefix(row.prompt, grammar.decode(row.tokens)))
-                    if len(row.tokens) >= max_new:
+                    if len(row.tokens) >= max_new and not grammar_complete(row.matcher):
                         self._finish(pt, False, True)
             if self.twist is not None and not self.defer:
                 for p, done in completed.items():
