@@ -80,6 +80,7 @@ class OptimSchema:
 class TrainSchema:
     share_prefix: bool = True
     gradient_checkpointing: bool = False
+    policy_dropout: bool = False
     resume: Any = "auto"
     eval_baseline: bool = False
     eval_beam: bool = False
