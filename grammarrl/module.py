@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -16,7 +17,7 @@ from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import GrammarRLError, ModelError
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
-from grammarrl.rollout import collect_rollouts
+from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks.base import Example, Task
 
@@ -24,6 +25,29 @@ from grammarrl.tasks.base import Example, Task
 class NonFiniteLossError(GrammarRLError):
     """The loss became NaN or infinite: training stops before the update (last good checkpoint
     kept)."""
+
+
+@dataclass
+class StepOutputs:
+    """What one RL step computed before backward."""
+
+    rollouts: RolloutBatch
+    rewards: torch.Tensor  # [inputs, N+1]
+    advantages: torch.Tensor  # [inputs, N+1]
+    policy_logp: torch.Tensor  # [inputs, N+1], log pi_theta(y|x) with gradient
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]
+    seconds: dict[str, float]  # wall time per phase: rollout, scoring, policy
+
+
+def policy_train_mode(policy: torch.nn.Module, dropout: bool) -> None:
+    """Training mode (gradient checkpointing only acts in it) with every dropout layer off
+    unless `dropout`: then log pi_theta is the deterministic policy that produced the rollouts."""
+    policy.train()
+    if not dropout:
+        for module in policy.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.eval()
 
 
 class GrammarRLModule(L.LightningModule):
@@ -93,7 +117,10 @@ class GrammarRLModule(L.LightningModule):
         for phase in ("backward", "optimizer", "step"):
             self.log(f"perf/{phase}_seconds", self.phase_seconds[phase], batch_size=1)
 
-    def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
+    def step_loss(self, batch: list[Example]) -> StepOutputs:
+        """One RL step up to the loss: rollouts and reference scores without gradient, rewards,
+        RLOO advantages, then log pi_theta with gradient from the same deterministic policy that
+        rolled out (LoRA dropout only with `train.policy_dropout`)."""
         self.policy.eval()  # rollouts and reference scoring without dropout
         with torch.no_grad():
             out = collect_rollouts(self.decoder, self.scorer, self.tokenizer, self.task, batch,
@@ -101,18 +128,23 @@ class GrammarRLModule(L.LightningModule):
         rewards = combine_rewards(out.direct, out.reverse, self.cfg["lambda"],
                                   self.sigma_direct, self.sigma_reverse)
         advantages = rloo_advantages(rewards)
-        self.policy.train()
+        policy_train_mode(self.policy, dropout=self.cfg.train.policy_dropout)
         started = time.perf_counter()
         policy_logp = self._policy_logp(out.prompts, out.groups)
-        self.phase_seconds.update(out.seconds, policy=time.perf_counter() - started)
-        for phase in ("rollout", "scoring", "policy"):
-            self.log(f"perf/{phase}_seconds", self.phase_seconds[phase], batch_size=1)
+        seconds = {**out.seconds, "policy": time.perf_counter() - started}
         loss, parts = grammarrl_loss(policy_logp, out.ref_logp.to(policy_logp.device),
                                      advantages.to(policy_logp.device), self.cfg.beta)
-        if not torch.isfinite(loss).all():
-            self._stop_on_nonfinite(loss, rewards, policy_logp)
-        self._log_step(out, rewards, advantages, loss, parts)
-        return loss
+        return StepOutputs(out, rewards, advantages, policy_logp, loss, parts, seconds)
+
+    def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
+        step = self.step_loss(batch)
+        self.phase_seconds.update(step.seconds)
+        for phase in ("rollout", "scoring", "policy"):
+            self.log(f"perf/{phase}_seconds", self.phase_seconds[phase], batch_size=1)
+        if not torch.isfinite(step.loss).all():
+            self._stop_on_nonfinite(step.loss, step.rewards, step.policy_logp)
+        self._log_step(step.rollouts, step.rewards, step.advantages, step.loss, step.parts)
+        return step.loss
 
     def _stop_on_nonfinite(self, loss, rewards, policy_logp) -> None:
         """Raise before backward/optimizer step: the adapter and last.ckpt stay the last good

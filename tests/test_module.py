@@ -1,0 +1,85 @@
+"""The RL step of GrammarRLModule on the tiny model: which policy the loss's log pi_theta is."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grammarrl.models import add_lora
+from grammarrl.module import GrammarRLModule
+from grammarrl.scoring import sequence_logprobs
+from grammarrl.tasks import load_task
+from tests.conftest import compose_config
+
+STEP = ["model=tiny", "task=conll", "data.dir=null", "logger=none", "lora.dropout=0.5",
+        "task.max_new_tokens=24", "rollout.num_samples=2", "rollout.beam_width=2"]
+
+
+def make_module(tiny, overrides: list[str], trained: bool) -> tuple[GrammarRLModule, list]:
+    """A module over a fresh LoRA copy of the tiny model; `trained`: a non-zero adapter (LoRA B
+    starts at zero, which would hide any dropout)."""
+    cfg = compose_config([*STEP, *overrides])
+    torch.manual_seed(0)
+    policy = add_lora(copy.deepcopy(tiny[0]), cfg.lora)
+    if trained:
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(1)
+            for name, param in policy.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    task = load_task(cfg)
+    module = GrammarRLModule(cfg, policy, tiny[1], task, sigma_direct=1.0, sigma_reverse=1.0)
+    module.setup("fit")
+    return module, task.splits().train[:2]
+
+
+def deterministic_logp(module: GrammarRLModule, step) -> torch.Tensor:
+    """log pi_theta of the step's candidates, recomputed in eval mode (no dropout at all)."""
+    module.policy.eval()
+    with torch.no_grad():
+        rows = []
+        for prompt, group in zip(step.rollouts.prompts, step.rollouts.groups):
+            logp = sequence_logprobs(module.policy, [prompt + g.token_ids for g in group],
+                                     [len(prompt)] * len(group))
+            rows.append(torch.stack([lp.sum() for lp in logp]))
+    return torch.stack(rows)
+
+
+def test_step_zero_policy_equals_reference_and_kl_is_zero(tiny):
+    module, batch = make_module(tiny, [], trained=False)
+    step = module.step_loss(batch)
+    assert [g.kind for g in step.rollouts.groups[0]] == ["sample", "sample", "beam"]
+    assert torch.equal(step.policy_logp.detach(), step.rollouts.ref_logp)
+    assert step.parts["kl"].item() == 0.0
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_policy_pass_uses_the_rollout_policy_without_dropout(tiny, checkpointing):
+    """With lora.dropout=0.5 and a non-zero adapter, log pi_theta in the loss equals the
+    deterministic policy's (the one that rolled out), with gradient checkpointing too."""
+    module, batch = make_module(
+        tiny, [f"train.gradient_checkpointing={str(checkpointing).lower()}"], trained=True)
+    seen = []
+    layer = module.policy.base_model.model.model.layers[0]
+    hook = layer.register_forward_pre_hook(lambda mod, args: seen.append(mod.training))
+    try:
+        step = module.step_loss(batch)
+    finally:
+        hook.remove()
+    assert seen[-1] is True  # the policy pass runs in training mode: checkpointing applies
+    assert step.policy_logp.requires_grad
+    torch.testing.assert_close(step.policy_logp.detach(), deterministic_logp(module, step),
+                               rtol=0, atol=1e-5)
+    step.loss.backward()
+    grads = [p.grad for p in module.policy.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_policy_dropout_switch_turns_lora_dropout_back_on(tiny):
+    """train.policy_dropout=true: the documented effect of lora.dropout, a noisy log pi_theta."""
+    module, batch = make_module(tiny, ["train.policy_dropout=true"], trained=True)
+    step = module.step_loss(batch)
+    difference = (step.policy_logp.detach() - deterministic_logp(module, step)).abs().max()
+    assert difference > 1e-2
