@@ -80,9 +80,18 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
     return None
 
 
-def within_group_std(values: torch.Tensor) -> float:
-    """Mean over groups (rows) of the population standard deviation within each group."""
-    return values.std(dim=-1, unbiased=False).mean().item()
+def within_group_std(values: torch.Tensor, valid: torch.Tensor | None = None) -> float:
+    """Mean over groups (rows) of the population standard deviation within each group, over
+    its `valid` candidates (empty candidates are dropped); groups with fewer than two valid
+    candidates have no spread to measure and are left out."""
+    if valid is None:
+        valid = torch.ones_like(values, dtype=torch.bool)
+    count = valid.sum(dim=-1)
+    kept = torch.where(valid, values, torch.zeros_like(values))
+    mean = kept.sum(dim=-1, keepdim=True) / count.clamp(min=1).unsqueeze(-1)
+    spread = torch.where(valid, (values - mean) ** 2, torch.zeros_like(values))
+    std = (spread.sum(dim=-1) / count.clamp(min=1)).sqrt()
+    return std[count >= 2].mean().item()
 
 
 def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any) -> dict[str, Any]:
@@ -95,7 +104,7 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
     generator = torch.Generator().manual_seed(cfg.seed)
-    direct, reverse = [], []
+    direct, reverse, valid = [], [], []
     batch = cfg.optim.batch_size
     for start in tqdm(range(0, len(dev), batch), desc=f"calibrate {calibration_key(cfg)}"):
         with torch.no_grad():
@@ -103,13 +112,14 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
                                    cfg.rollout, generator)
         direct.append(out.direct)
         reverse.append(out.reverse)
-    direct_t, reverse_t = torch.cat(direct), torch.cat(reverse)
+        valid.append(out.valid)
+    direct_t, reverse_t, valid_t = torch.cat(direct), torch.cat(reverse), torch.cat(valid)
     return {
-        "sigma_direct": within_group_std(direct_t),
-        "sigma_reverse": within_group_std(reverse_t),
+        "sigma_direct": within_group_std(direct_t, valid_t),
+        "sigma_reverse": within_group_std(reverse_t, valid_t),
         "num_inputs": len(dev),
-        "mean_direct": direct_t.mean().item(),
-        "mean_reverse": reverse_t.mean().item(),
+        "mean_direct": direct_t[valid_t].mean().item(),
+        "mean_reverse": reverse_t[valid_t].mean().item(),
         "seed": cfg.seed,
         **calibration_conditions(cfg),
     }

@@ -127,13 +127,13 @@ class GrammarRLModule(L.LightningModule):
                                    self.cfg.rollout, self.generator)
         rewards = combine_rewards(out.direct, out.reverse, self.cfg["lambda"],
                                   self.sigma_direct, self.sigma_reverse)
-        advantages = rloo_advantages(rewards)
+        advantages = rloo_advantages(rewards, out.valid)
         policy_train_mode(self.policy, dropout=self.cfg.train.policy_dropout)
         started = time.perf_counter()
         policy_logp = self._policy_logp(out.prompts, out.groups)
         seconds = {**out.seconds, "policy": time.perf_counter() - started}
         loss, parts = grammarrl_loss(policy_logp, out.ref_logp.to(policy_logp.device),
-                                     advantages.to(policy_logp.device), self.cfg.beta)
+                                     advantages.to(policy_logp.device), self.cfg.beta, out.valid)
         return StepOutputs(out, rewards, advantages, policy_logp, loss, parts, seconds)
 
     def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
@@ -163,16 +163,23 @@ class GrammarRLModule(L.LightningModule):
 
     def _log_step(self, out, rewards, advantages, loss, parts) -> None:
         gens = [g for group in out.groups for g in group]
-        beam_best = (rewards.argmax(dim=-1) == rewards.shape[-1] - 1).float().mean()
+        valid = out.valid.to(rewards.device)
+        best = torch.where(valid, rewards, float("-inf")).argmax(dim=-1)
+        beam_best = (best == rewards.shape[-1] - 1).float().mean()
+
+        def valid_mean(values: torch.Tensor) -> torch.Tensor:
+            return values[valid.to(values.device)].mean()
+
         metrics = {
             "train/loss": loss.detach(),
             "train/loss_pg": parts["loss/pg"],
             "train/kl": parts["kl"],
-            "train/reward": rewards.mean(),
-            "train/reward_direct": out.direct.mean(),
-            "train/reward_reverse": out.reverse.mean(),
-            "train/advantage_std": advantages.std(),
-            "train/advantage_abs": advantages.abs().mean(),
+            "train/reward": valid_mean(rewards),
+            "train/reward_direct": valid_mean(out.direct),
+            "train/reward_reverse": valid_mean(out.reverse),
+            "train/empty_candidates": (~valid).float().mean(),
+            "train/advantage_std": advantages[valid.to(advantages.device)].std(),
+            "train/advantage_abs": valid_mean(advantages.abs()),
             "train/validity": torch.tensor([g.finished for g in gens], dtype=torch.float).mean(),
             "train/truncated": torch.tensor([g.truncated for g in gens], dtype=torch.float).mean(),
             "train/beam_best_share": beam_best,
@@ -180,7 +187,7 @@ class GrammarRLModule(L.LightningModule):
                 [len(g.token_ids) for g in gens], dtype=torch.float).mean(),
         }
         self.log_dict(metrics, batch_size=len(out.examples), prog_bar=False)
-        self.log("reward", rewards.mean(), prog_bar=True, batch_size=len(out.examples))
+        self.log("reward", metrics["train/reward"], prog_bar=True, batch_size=len(out.examples))
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
         first = out.groups[0]
         self.samples.append({

@@ -11,23 +11,40 @@ def combine_rewards(direct: torch.Tensor, reverse: torch.Tensor, lam: float,
     return (1.0 - lam) * direct / sigma_direct + lam * reverse / sigma_reverse
 
 
-def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """A_i = r_i − mean_{j≠i} r_j within each group (last dim: the N+1 candidates); no gradient."""
+def rloo_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """A_i = r_i − mean_{j≠i} r_j within each group (last dim: the N+1 candidates); no gradient.
+
+    `valid` (bool, same shape) drops candidates from their groups: their advantage is 0 and
+    they are left out of the others' baselines; a group with fewer than two valid candidates
+    has no baseline and gets advantages 0."""
     rewards = rewards.detach()
-    k = rewards.shape[-1]
-    if k < 2:
+    if rewards.shape[-1] < 2:
         raise ValueError("RLOO needs at least two candidates per group")
-    others = (rewards.sum(dim=-1, keepdim=True) - rewards) / (k - 1)
-    return rewards - others
+    if valid is None:
+        valid = torch.ones_like(rewards, dtype=torch.bool)
+    valid = valid.to(rewards.device)
+    kept = torch.where(valid, rewards, torch.zeros_like(rewards))
+    count = valid.sum(dim=-1, keepdim=True)
+    others = (kept.sum(dim=-1, keepdim=True) - kept) / (count - 1).clamp(min=1)
+    usable = valid & (count >= 2)
+    return torch.where(usable, kept - others, torch.zeros_like(rewards))
 
 
 def grammarrl_loss(policy_logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,
-                   beta: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Mean over prompts of 1/(N+1)·Σ_i [−A_i·log π_θ(y_i|x) + β·(log π_θ(y_i|x) − log π_ref(y_i|x))].
+                   beta: float, valid: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Mean over candidates of −A_i·log π_θ(y_i|x) + β·(log π_θ(y_i|x) − log π_ref(y_i|x)):
+    with equal groups, the mean over prompts of 1/(N+1)·Σ_i [...], as in the paper.
 
     Log-probabilities are sequence sums of unconstrained token log-probs, shape [prompts, N+1].
+    Candidates where `valid` is False are left out of the mean.
     """
+    if valid is None:
+        valid = torch.ones_like(policy_logp, dtype=torch.bool)
+    weight = valid.to(policy_logp.device, policy_logp.dtype)
+    count = weight.sum().clamp(min=1)
     kl = policy_logp - ref_logp.detach()
     pg = -advantages.detach() * policy_logp
-    loss = (pg + beta * kl).mean()
-    return loss, {"loss/pg": pg.mean().detach(), "kl": kl.mean().detach()}
+    loss = ((pg + beta * kl) * weight).sum() / count
+    return loss, {"loss/pg": ((pg * weight).sum() / count).detach(),
+                  "kl": ((kl * weight).sum() / count).detach()}

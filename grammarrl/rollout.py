@@ -23,16 +23,20 @@ class RolloutBatch:
     examples: list[Example]
     prompts: list[list[int]]
     groups: list[list[Generation]]
-    direct: torch.Tensor  # [inputs, N+1]
-    reverse: torch.Tensor  # [inputs, N+1]
-    ref_logp: torch.Tensor  # [inputs, N+1]
+    direct: torch.Tensor  # [inputs, N+1]; 0 where not `valid`
+    reverse: torch.Tensor  # [inputs, N+1]; 0 where not `valid`
+    ref_logp: torch.Tensor  # [inputs, N+1]; 0 where not `valid`
+    valid: torch.Tensor  # [inputs, N+1] bool: False for an empty candidate, dropped from its group
     seconds: dict[str, float]  # wall time per phase: "rollout", "scoring"
 
 
 def collect_rollouts(decoder: ConstrainedDecoder, scorer: ReferenceScorer, tokenizer: Any,
                      task: Task, examples: list[Example], rollout: DictConfig,
                      generator: torch.Generator | None = None) -> RolloutBatch:
-    """Generate the group of N samples + beam top-1 for each input and score it with pi_ref."""
+    """Generate the group of N samples + beam top-1 for each input and score it with pi_ref.
+
+    An empty candidate (a dead end at the first token, or no beam survived) has no tokens to
+    score: it is marked invalid and takes no part in rewards, advantages or the loss."""
     started = time.perf_counter()
     prompts = [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
     groups = decoder.rollout(prompts, num_samples=rollout.num_samples,
@@ -43,10 +47,17 @@ def collect_rollouts(decoder: ConstrainedDecoder, scorer: ReferenceScorer, token
         scorer.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group])
         for ex, prompt, group in zip(examples, prompts, groups)
     ]
+    valid = torch.tensor([[len(g.token_ids) > 0 for g in group] for group in groups])
+
+    def gather(values: list[torch.Tensor]) -> torch.Tensor:
+        stacked = torch.stack(values)
+        return torch.where(valid.to(stacked.device), stacked, torch.zeros_like(stacked))
+
     return RolloutBatch(
         examples=examples, prompts=prompts, groups=groups,
-        direct=torch.stack([s.direct for s in scores]),
-        reverse=torch.stack([s.reverse for s in scores]),
-        ref_logp=torch.stack([s.ref_logp for s in scores]),
+        direct=gather([s.direct for s in scores]),
+        reverse=gather([s.reverse for s in scores]),
+        ref_logp=gather([s.ref_logp for s in scores]),
+        valid=valid,
         seconds={"rollout": rolled_out - started, "scoring": time.perf_counter() - rolled_out},
     )

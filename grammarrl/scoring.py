@@ -68,7 +68,8 @@ def sequence_logprobs(
     share_prefix: bool = True,
     prefix: Prefix | None = None,
 ) -> list[torch.Tensor]:
-    """Per-token log p(seq[t] | seq[:t]) for t >= score_from[i], for each sequence i.
+    """Per-token log p(seq[t] | seq[:t]) for t >= score_from[i], for each sequence i (an empty
+    tensor where nothing is scored: score_from[i] == len(seq), e.g. an empty candidate).
 
     With `share_prefix`, the longest common prefix (capped so every scored token stays in
     the suffix) is run once and the suffixes are packed after it. A precomputed `prefix`
@@ -142,8 +143,8 @@ def _packed_logprobs(model: torch.nn.Module, head: list[int], suffixes: list[lis
         before = cached.last_logits if cached is not None else None
     predictors, targets, lengths, at = [], [], [], 0
     for suffix, start in zip(suffixes, starts):
-        rows = logits[at + max(start - 1, 0): at + len(suffix) - 1]
-        if start == 0:
+        rows = logits[at + max(start - 1, 0): at + max(len(suffix) - 1, 0)]
+        if start == 0 and suffix:
             if before is None:
                 raise ValueError("a first token cannot be scored without a prefix")
             rows = torch.cat([before, rows])

@@ -21,6 +21,13 @@ def test_within_group_std_is_mean_of_row_stds():
     assert within_group_std(values) == pytest.approx((1.0 + 0.0 + 2.0) / 3)
 
 
+def test_within_group_std_leaves_out_empty_candidates():
+    values = torch.tensor([[1.0, 3.0, 0.0], [5.0, 0.0, 0.0], [2.0, 6.0, 4.0]])
+    valid = torch.tensor([[True, True, False], [True, False, False], [True, True, True]])
+    expected = (1.0 + torch.tensor([2.0, 6.0, 4.0]).std(unbiased=False).item()) / 2
+    assert within_group_std(values, valid) == pytest.approx(expected)
+
+
 def test_paper_table_for_llama_and_none_for_smollm2(tmp_path):
     assert lookup_sigmas(_cfg(tmp_path, "task=gloss", "model=1b")) == (1.1378, 0.9731, "paper table")
     got = lookup_sigmas(_cfg(tmp_path, "task=conll", "model=1b", "rollout.beam_width=10"))

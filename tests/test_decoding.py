@@ -602,3 +602,27 @@ def test_output_completed_at_the_cap_is_finished_not_truncated(model, tok, promp
             assert g.truncated and not g.finished and len(g.token_ids) == cap
         assert_valid(tok, grammar, g, cap)
     assert gens[0].token_ids == free.token_ids or slack
+
+
+DEAD_END = "A: /a/ & /b/"  # an empty language: llguidance stops and offers only the end token
+
+
+def test_a_grammar_dead_end_is_an_error_not_a_finished_output(model, tok, prompts):
+    """Where the grammar cannot continue, llguidance stops and allows only the end token; an
+    output that is not accepted there is a dead end (error, not finished). With no way out at
+    all, every row is empty and no beam survives."""
+    stop = end_of_turn_id(tok)
+    nothing = ConstrainedDecoder(model, tok, f"start: A\n{DEAD_END}", max_new_tokens=8)
+    gens = (nothing.greedy(prompts) + [b.top for b in nothing.beam(prompts, 2)]
+            + [s for grp in nothing.sample(prompts, 2) for s in grp])
+    for g in gens:
+        assert g.token_ids == [] and not g.finished and not g.truncated and g.error
+        assert "\n" not in g.error  # one line, not llguidance's state dump
+    assert all(b.finished == [] for b in nothing.beam(prompts, 2))
+
+    branch = ConstrainedDecoder(model, tok, f'start: "1" | "2" " " A\n{DEAD_END}', max_new_tokens=8)
+    samples = [s for grp in branch.sample(prompts, 8, generator=torch.Generator().manual_seed(0))
+               for s in grp]
+    dead = [s for s in samples if s.text.startswith("2")]
+    assert dead and all(not s.finished and s.error and stop not in s.token_ids for s in dead)
+    assert all(s.finished and s.text == "1" for s in samples if s not in dead)

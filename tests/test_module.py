@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from grammarrl.models import add_lora
+from grammarrl.chat import encode_prompt
 from grammarrl.module import GrammarRLModule
+from grammarrl.rloo import rloo_advantages
 from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks import load_task
 from tests.conftest import compose_config
@@ -83,3 +85,28 @@ def test_policy_dropout_switch_turns_lora_dropout_back_on(tiny):
     step = module.step_loss(batch)
     difference = (step.policy_logp.detach() - deterministic_logp(module, step)).abs().max()
     assert difference > 1e-2
+
+
+def test_an_empty_beam_candidate_is_dropped_through_reward_and_loss(tiny):
+    """A grammar whose preferred branch dead-ends: the greedy-like beam (B=1) finds no output,
+    and the rollout -> reward -> loss path drops that empty candidate from its group."""
+    from grammarrl.decoding import ConstrainedDecoder
+
+    module, batch = make_module(tiny, ["rollout.beam_width=1", "rollout.num_samples=6"],
+                                trained=False)
+    probe = ConstrainedDecoder(module.policy, tiny[1], 'start: "1" | "2"', max_new_tokens=4)
+    prompts = [encode_prompt(tiny[1], module.task.forward_messages(ex)) for ex in batch]
+    first = [g.text for g in probe.greedy(prompts)]
+    assert first[0] == first[1]  # the tiny model prefers the same digit for both inputs
+    bad, good = first[0], "2" if first[0] == "1" else "1"
+    module.decoder = ConstrainedDecoder(module.policy, tiny[1],
+                                        f'start: "{good}" | "{bad}" " " A\nA: /a/ & /b/',
+                                        max_new_tokens=8)
+    step = module.step_loss(batch)
+    beams = [group[-1] for group in step.rollouts.groups]
+    assert all(b.token_ids == [] and b.error == "no beam survived" for b in beams)
+    assert not step.rollouts.valid[:, -1].any() and step.rollouts.valid[:, :-1].all()
+    assert torch.isfinite(step.loss) and torch.equal(step.advantages[:, -1], torch.zeros(2))
+    expected = rloo_advantages(step.rewards[:, :-1])  # RLOO over the six samples alone
+    torch.testing.assert_close(step.advantages[:, :-1], expected)
+    step.loss.backward()

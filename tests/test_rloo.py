@@ -26,6 +26,36 @@ def test_advantages_are_per_group_and_carry_no_gradient():
     assert a[0, 3] == pytest.approx(4.0) and a[0, 0] == pytest.approx(-4 / 3)
 
 
+def test_invalid_candidates_are_dropped_from_their_group():
+    """An empty candidate (valid=False) gets advantage 0 and is out of the others' baseline and
+    of the loss; a group left with one valid candidate has no baseline."""
+    r = torch.tensor([[1.0, 2.0, 99.0, 6.0], [3.0, 99.0, 99.0, 99.0]])
+    valid = torch.tensor([[True, True, False, True], [True, False, False, False]])
+    a = rloo_advantages(r, valid)
+    assert torch.allclose(a[0], torch.tensor([1 - 4.0, 2 - 3.5, 0.0, 6 - 1.5]))
+    assert torch.equal(a[1], torch.zeros(4))
+    assert torch.equal(rloo_advantages(r[:1, [0, 1, 3]])[0], a[0, [0, 1, 3]])
+
+    logp = torch.tensor([[-1.0, -2.0, 0.0, -3.0], [-1.0, 0.0, 0.0, 0.0]])
+    ref = torch.tensor([[-1.5, -2.0, 0.0, -3.0], [-1.0, 0.0, 0.0, 0.0]])
+    loss, parts = grammarrl_loss(logp, ref, a, beta=0.1, valid=valid)
+    terms = [-a[0, 0] * -1.0 + 0.1 * 0.5, -a[0, 1] * -2.0, -a[0, 3] * -3.0, 0.0]
+    assert loss.item() == pytest.approx(sum(terms) / 4)  # 4 valid candidates
+    assert parts["kl"].item() == pytest.approx(0.5 / 4)
+
+
+def test_an_empty_candidate_scores_nothing_and_leaves_the_others_unchanged(tiny_policy):
+    prompt, cands = _candidates()
+    for share in (True, False):
+        with_empty = sequence_logprobs(tiny_policy, [prompt + c for c in [[], *cands]],
+                                       [len(prompt)] * 4, share_prefix=share)
+        alone = sequence_logprobs(tiny_policy, [prompt + c for c in cands], [len(prompt)] * 3,
+                                  share_prefix=share)
+        assert with_empty[0].numel() == 0
+        for got, expected in zip(with_empty[1:], alone):
+            torch.testing.assert_close(got, expected)
+
+
 def test_combine_rewards_scales_each_term():
     d, r = torch.tensor([-2.0]), torch.tensor([-0.5])
     assert combine_rewards(d, r, 0.0, 2.0, 0.25).item() == pytest.approx(-1.0)

@@ -366,7 +366,9 @@ class ConstrainedDecoder:
             for entry in table[:n_plain]:
                 i, t = int(entry[0]), int(entry[1])
                 row = rows[i]
-                if entry[4] == NEG_INF:  # no allowed token: the grammar is at a dead end
+                if entry[4] == NEG_INF or (t == stop and not row.matcher.is_accepting()):
+                    # The grammar is at a dead end: nothing allowed, or only the end token
+                    # (llguidance's stop) where the output is not accepted.
                     self._emit(outputs, row, finished=False, truncated=False, error=_dead(row))
                     continue
                 row.push(t, entry[2], entry[3], entry[4])
@@ -427,7 +429,7 @@ class ConstrainedDecoder:
                 break
             i, t = int(i), int(t)
             if t == stop:
-                if rank < width:
+                if rank < width and rows[i].matcher.is_accepting():  # else a dead end: dropped
                     hyp = rows[i].child(None)
                     hyp.push(t, lu, lc, lm)
                     _insort(group.finished, self._generation(hyp, True, False))
@@ -539,8 +541,10 @@ def _insort(finished: list[Generation], gen: Generation) -> None:
 
 
 def _dead(row: _Row) -> str:
-    err = row.matcher.get_error() if row.matcher is not None else ""
-    return err or "the grammar allows no token here (dead end)"
+    """A one-line reason for a dead end (llguidance's message can span a state dump)."""
+    matcher = row.matcher
+    err = matcher.get_error().splitlines()[0] if matcher is not None and matcher.is_error() else ""
+    return err or f"the grammar allows no continuation after {len(row.tokens)} tokens (dead end)"
 
 
 def _sample(

@@ -100,7 +100,7 @@ class CompiledGrammar:
 def grammar_complete(matcher: llguidance.LLMatcher) -> bool:
     """The output so far is complete: the grammar accepts it and allows nothing but the end
     token after it. Such an output is never cut by the token cap (its end token is forced)."""
-    return matcher.is_stopped() and not matcher.is_error()
+    return matcher.is_stopped() and matcher.is_accepting()
 
 
 class MaskComputer:

@@ -210,7 +210,8 @@ class _Loop:
             completed: dict[int, list[_Particle]] = {}
             for pt, (t, u, c, m, q) in zip(live, table):
                 row, t = pt.row, int(t)
-                if m == NEG_INF:  # the grammar allows nothing here: the particle dies
+                if m == NEG_INF or (t == stop and not row.matcher.is_accepting()):
+                    # A dead end (nothing allowed, or only an unaccepted end): the particle dies.
                     self._finish(pt, False, False, error=_dead(row), dead=True)
                     continue
                 row.push(t, u, c, m)
