@@ -13,6 +13,12 @@ from grammarrl.decoding.grammar import MaskComputer, lark_source
 
 
 @torch.inference_mode()
+def output_length(generated: list[int], stop: int) -> int:
+    """Tokens of one `generate` output row: up to and including the first end token (the rest
+    is padding, which `generate` fills with the end token), or all of them if it never ended."""
+    return generated.index(stop) + 1 if stop in generated else len(generated)
+
+
 def plain_greedy(model: torch.nn.Module, prompt: list[int], num_tokens: int) -> list[int]:
     """Unconstrained greedy decoding of exactly `num_tokens` tokens: the minimal HF loop (one
     prefill, then one cached forward per token, arg-max, no mask, no bookkeeping)."""
@@ -126,7 +132,7 @@ def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width
             max_new_tokens=cfg.task.max_new_tokens, eos_token_id=stop, pad_token_id=stop,
             logits_processor=LogitsProcessorList([processor]))
         generated = out[:, len(prompt):]
-        lengths = [int((row != stop).sum()) + 1 for row in generated]
+        lengths = [output_length(row.tolist(), stop) for row in generated]
         peer_lengths.extend(lengths)
         return lengths
 

@@ -55,3 +55,12 @@ def test_unknown_benchmark_name_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["--quick", "--only", "no_such_benchmark", "--out", str(tmp_path / "b.json")])
     assert info.value.code == 2
+
+
+def test_peer_output_length_counts_the_end_token_only_when_there_is_one():
+    from benchmarks.decoding import output_length
+
+    stop = 2
+    assert output_length([5, 6, 7, 8], stop) == 4  # hit the cap: no end token to count
+    assert output_length([5, 6, stop, stop], stop) == 3  # ended, then padded with the end token
+    assert output_length([stop, stop, stop], stop) == 1
