@@ -50,7 +50,8 @@ def run_eval(cfg: DictConfig) -> dict[str, Any]:
 def summary_line(results: dict[str, Any]) -> str:
     decoding = results["decoding"]
     if decoding == "beam":
-        decoding = f"beam({results.get('beam_width')})"
+        penalty = results.get("length_penalty")
+        decoding = f"beam({results.get('beam_width')}{f', lp={penalty}' if penalty else ''})"
     return (
         f"{results['task']} {results['model']} {decoding}: {results['metric']} "
         f"{results['mean']:.4f} ± {results['std']:.4f} over {len(results['scores'])} test set(s) "
@@ -95,6 +96,7 @@ def decode_examples(
     beam_width: int,
     batch_size: int,
     progress: bool = True,
+    length_penalty: float = 0.0,
 ) -> dict[str, Generation]:
     """Decode each distinct example once (by uid), in length-sorted batches; uid -> output."""
     from tqdm.auto import tqdm
@@ -115,7 +117,7 @@ def decode_examples(
         if decoding == "greedy":
             gens = decoder.greedy(batch)
         elif decoding == "beam":
-            gens = [res.top for res in decoder.beam(batch, beam_width)]
+            gens = [res.top for res in decoder.beam(batch, beam_width, length_penalty)]
         else:
             raise ValueError(f"unknown decoding {decoding!r}")
         for uid, gen in zip(uids, gens):
@@ -152,7 +154,8 @@ def evaluate(
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     started = time.perf_counter()
     outputs = decode_examples(
-        decoder, tokenizer, task, all_examples, decoding, beam_width, cfg.eval.batch_size, progress
+        decoder, tokenizer, task, all_examples, decoding, beam_width, cfg.eval.batch_size, progress,
+        length_penalty=cfg.eval.length_penalty,
     )
     seconds = time.perf_counter() - started
 
@@ -202,6 +205,7 @@ def evaluate(
         examples_per_second=len(unique) / seconds if seconds > 0 else float("nan"),
         config=cfg,
         beam_width=beam_width if decoding == "beam" else None,
+        length_penalty=cfg.eval.length_penalty if decoding == "beam" else None,
         seconds_per_example=seconds / max(len(unique), 1),
         decode_seconds=seconds,
         num_test_sets=len(test_sets),

@@ -41,7 +41,7 @@ def collect_rollouts(decoder: ConstrainedDecoder, scorer: ReferenceScorer, token
     prompts = [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
     groups = decoder.rollout(prompts, num_samples=rollout.num_samples,
                              beam_width=rollout.beam_width, temperature=rollout.temperature,
-                             generator=generator)
+                             generator=generator, length_penalty=rollout.length_penalty)
     rolled_out = time.perf_counter()
     scores = [
         scorer.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group])

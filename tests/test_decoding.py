@@ -133,8 +133,10 @@ def brute_greedy(model, tok, grammar, prompt, max_new):
     return tokens, lu, lc, lm
 
 
-def brute_beam(model, tok, grammar, prompt, width, max_new):
-    """Beam search over pi^G, recomputing everything from scratch at every step."""
+def brute_beam(model, tok, grammar, prompt, width, max_new, length_penalty=0.0):
+    """Beam search over pi^G, recomputing everything from scratch at every step; finished
+    hypotheses ranked by sum / length**length_penalty (HF's rule)."""
+    norm = lambda value, length: value / length**length_penalty
     stop = end_of_turn_id(tok)
     live = [([], 0.0, fresh_matcher(tok, grammar))]
     finished: list[tuple[float, list[int]]] = []
@@ -152,7 +154,7 @@ def brute_beam(model, tok, grammar, prompt, width, max_new):
             tokens, _, matcher = live[b]
             if t == stop:
                 if rank < width:
-                    finished.append((value, tokens + [t]))
+                    finished.append((norm(value, len(tokens) + 1), tokens + [t]))
                 continue
             m = matcher.deep_copy()
             assert m.consume_token(t)
@@ -160,7 +162,8 @@ def brute_beam(model, tok, grammar, prompt, width, max_new):
             if len(new_live) == width:
                 break
         finished.sort(key=lambda f: -f[0])
-        if not new_live or (len(finished) >= width and new_live[0][1] <= finished[width - 1][0]):
+        best_live = norm(new_live[0][1], len(new_live[0][0])) if new_live else None
+        if not new_live or (len(finished) >= width and best_live <= finished[width - 1][0]):
             return finished, []
         live = new_live
         if step + 1 == max_new:
@@ -312,6 +315,27 @@ def test_beam_matches_brute_force_beam_search(model, tok, prompts):
         for g in res.finished:
             assert g.finished and g.kind == "beam"
             assert_valid(tok, JSON_GRAMMAR, g, max_new)
+
+
+def test_beam_length_penalty_matches_brute_force(model, tok, prompts):
+    """Finished hypotheses ranked by sum / length**length_penalty (end token counted) with HF's
+    stopping rule. On "short" | "long" where every token after the first is forced, both have
+    about the same sum: the plain sum keeps the short one, a penalty of 1 the long one."""
+    width, max_new = 3, 10
+    prompt = prompts[0]
+    first = ConstrainedDecoder(model, tok, 'start: "1" | "2"', max_new_tokens=2).greedy([prompt])
+    short = first[0].text  # the digit the model prefers: a two-token output with its end
+    grammar = f'start: "{short}" | "{("2" if short == "1" else "1") * 5}"'  # 5 digit tokens
+    dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=max_new)
+    tops = {}
+    for length_penalty in (0.0, 1.0, 2.0):
+        res = dec.beam([prompt], width, length_penalty=length_penalty)[0]
+        finished, _ = brute_beam(model, tok, grammar, prompt, width, max_new, length_penalty)
+        assert [g.token_ids for g in res.finished] == [f[1] for f in finished]
+        ranks = [g.sum_logp_constrained / len(g.token_ids) ** length_penalty for g in res.finished]
+        np.testing.assert_allclose(ranks, [f[0] for f in finished], atol=1e-3)
+        tops[length_penalty] = res.top.text
+    assert tops[0.0] == short and len(tops[1.0]) == len(tops[2.0]) == 5
 
 
 def test_beam_top_scores_at_least_greedy(model, tok, prompts):

@@ -138,18 +138,22 @@ def test_evaluate_decodes_each_distinct_example_once(tiny, task, tmp_path, monke
         assert r["valid"] == (r["finished"] and task.try_parse(r["prediction"]) is not None)
 
 
-def test_beam_eval_matches_the_decoder(tiny, task, tmp_path):
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_beam_eval_matches_the_decoder(tiny, task, tmp_path, length_penalty):
     from grammarrl.chat import encode_prompt
     from grammarrl.decoding import ConstrainedDecoder
 
     model, tok = tiny
-    cfg = eval_config("eval.decoding=beam", "eval.beam_width=2", "eval.num_test_sets=1")
+    cfg = eval_config("eval.decoding=beam", "eval.beam_width=2", "eval.num_test_sets=1",
+                      f"eval.length_penalty={length_penalty}")
     res = evaluate(cfg, model, tok, task, "beam", tmp_path, name="results_beam", progress=False)
     assert res["decoding"] == "beam" and res["beam_width"] == 2
+    assert res["length_penalty"] == length_penalty
     rows = [json.loads(x) for x in (tmp_path / "predictions_beam.jsonl").read_text().splitlines()]
     test_set = task.test_sets(1, 4, cfg.seed)[0]
     dec = ConstrainedDecoder(model, tok, task.grammar(), 48)
-    tops = dec.beam([encode_prompt(tok, task.forward_messages(ex)) for ex in test_set], 2)
+    tops = dec.beam([encode_prompt(tok, task.forward_messages(ex)) for ex in test_set], 2,
+                    length_penalty=length_penalty)
     assert [r["prediction"] for r in rows] == [t.top.text for t in tops]
 
 

@@ -84,13 +84,18 @@ class _Row:
 
 
 class _BeamGroup:
-    __slots__ = ("finished", "prompt", "result", "width")
+    __slots__ = ("finished", "length_penalty", "prompt", "result", "width")
 
-    def __init__(self, prompt: int, width: int):
+    def __init__(self, prompt: int, width: int, length_penalty: float):
         self.prompt = prompt
         self.width = width
-        self.finished: list[Generation] = []  # kept sorted, best first
+        self.length_penalty = length_penalty
+        self.finished: list[Generation] = []  # kept sorted by beam_score, best first
         self.result: BeamResult | None = None
+
+    def score(self, sum_logp: float, length: int) -> float:
+        """A hypothesis' rank: summed constrained log-prob / length**length_penalty."""
+        return sum_logp / length**self.length_penalty if self.length_penalty else sum_logp
 
 
 @dataclass
@@ -156,8 +161,12 @@ class ConstrainedDecoder:
         )
         return [o.samples for o in outs]
 
-    def beam(self, prompts: list[list[int]], beam_width: int) -> list[BeamResult]:
-        return [o.beam for o in self._decode(prompts, beam_width=beam_width)]
+    def beam(self, prompts: list[list[int]], beam_width: int, length_penalty: float = 0.0
+             ) -> list[BeamResult]:
+        """Constrained beam search; finished hypotheses are ranked by summed constrained
+        log-prob / length**length_penalty (0: the plain sum; HF `generate` defaults to 1)."""
+        outs = self._decode(prompts, beam_width=beam_width, length_penalty=length_penalty)
+        return [o.beam for o in outs]
 
     def rollout(
         self,
@@ -166,6 +175,7 @@ class ConstrainedDecoder:
         beam_width: int,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        length_penalty: float = 0.0,
     ) -> list[list[Generation]]:
         """Per prompt: N constrained samples then the constrained beam top-1 (N+1 outputs). The
         prompt is prefilled once; samples and beams decode together, sharing its KV cache."""
@@ -175,6 +185,7 @@ class ConstrainedDecoder:
             beam_width=beam_width,
             temperature=temperature,
             generator=generator,
+            length_penalty=length_penalty,
         )
         return [o.samples + [o.beam.top] for o in outs]
 
@@ -192,6 +203,7 @@ class ConstrainedDecoder:
         beam_width: int = 0,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        length_penalty: float = 0.0,
     ) -> list[_Outputs]:
         if num_samples < 0 or beam_width < 0:
             raise ValueError("num_samples and beam_width must be >= 0")
@@ -207,7 +219,8 @@ class ConstrainedDecoder:
         model.eval()
         try:
             with torch.inference_mode():
-                return self._loop(prompts, greedy, num_samples, beam_width, temperature, generator)
+                return self._loop(prompts, greedy, num_samples, beam_width, temperature,
+                                  generator, length_penalty)
         finally:
             if was_training:
                 model.train()
@@ -260,7 +273,8 @@ class ConstrainedDecoder:
         _, cache = self._prefill(first[:shared])
         return shared, layer_tensors(cache)
 
-    def _loop(self, prompts, greedy, num_samples, beam_width, temperature, generator):
+    def _loop(self, prompts, greedy, num_samples, beam_width, temperature, generator,
+              length_penalty):
         device = self.device
         stop = self.stop_token_id
         max_new = self.max_new_tokens
@@ -287,7 +301,7 @@ class ConstrainedDecoder:
                 pad = width - len(prompt)
                 rows.append(_Row(p, kind, index, grammar.matcher(), pad, len(prompt)))
             if beam_width:
-                groups[p] = _BeamGroup(p, beam_width)
+                groups[p] = _BeamGroup(p, beam_width, length_penalty)
         logits = torch.cat(first_logits, dim=0)
         cache = assemble(caches, lengths, repeats)
         del caches, prefix
@@ -432,15 +446,17 @@ class ConstrainedDecoder:
                 if rank < width and rows[i].matcher.is_accepting():  # else a dead end: dropped
                     hyp = rows[i].child(None)
                     hyp.push(t, lu, lc, lm)
-                    _insort(group.finished, self._generation(hyp, True, False))
+                    _insort(group, self._generation(hyp, True, False))
                 continue
             extensions.append((i, t, lu, lc, lm, value))
             if len(extensions) == width:
                 break
         finished = group.finished
-        if not extensions or (
-            len(finished) >= width and extensions[0][5] <= finished[width - 1].sum_logp_constrained
-        ):
+        # Done when no live beam can still beat the width-th finished one (HF's heuristic: the
+        # best live score at its current length).
+        if not extensions or len(finished) >= width and group.score(
+            extensions[0][5], len(rows[extensions[0][0]].tokens) + 1
+        ) <= _rank(group, finished[width - 1]):
             self._close_group(outputs, group, [])
             return
         # Fork matchers: every child but the last of a parent gets a deep copy, taken before
@@ -531,11 +547,16 @@ def plan_cache_update(old_prompts: list[int], new_prompts: list[int], sources: l
     return "rows"
 
 
-def _insort(finished: list[Generation], gen: Generation) -> None:
-    """Insert keeping best-first order (stable: earlier hypotheses win ties)."""
-    score = gen.sum_logp_constrained
+def _rank(group: _BeamGroup, gen: Generation) -> float:
+    return group.score(gen.sum_logp_constrained, len(gen.token_ids))
+
+
+def _insort(group: _BeamGroup, gen: Generation) -> None:
+    """Insert into the group's finished list keeping best-first order (stable: earlier
+    hypotheses win ties)."""
+    finished, score = group.finished, _rank(group, gen)
     pos = len(finished)
-    while pos > 0 and finished[pos - 1].sum_logp_constrained < score:
+    while pos > 0 and _rank(group, finished[pos - 1]) < score:
         pos -= 1
     finished.insert(pos, gen)
 

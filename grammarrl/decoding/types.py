@@ -49,9 +49,10 @@ class Generation:
 class BeamResult:
     """Constrained beam search for one prompt: the best hypothesis and every finished beam.
 
-    `top` is the highest-scoring finished hypothesis (score = sum of constrained log-probs), or the
-    best truncated beam when none finished. `finished` holds all hypotheses that ended with the
-    end-of-turn token during the search, best first.
+    `top` is the highest-scoring finished hypothesis (score = sum of constrained log-probs /
+    length**length_penalty, end token included in the length), or the best truncated beam when
+    none finished. `finished` holds all hypotheses that ended with the end-of-turn token during
+    the search, best first by that score.
     """
 
     top: Generation
