@@ -68,9 +68,8 @@ sweep-calibration-cpu: venv
 	$(SWEEP) +experiment=calibration_cpu hydra.sweep.dir=$(CPUDIR)/calibration
 	$(AGG) calibration $(CPUDIR)/calibration
 
-# The search jobs stop until mode=search exists (the leading '-' keeps going to the table).
 sweep-inference-time-cpu: venv
-	-$(SWEEP) +experiment=inference_time_cpu hydra.sweep.dir=$(CPUDIR)/inference_time
+	$(SWEEP) +experiment=inference_time_cpu hydra.sweep.dir=$(CPUDIR)/inference_time
 	$(AGG) inference_time $(CPUDIR)/inference_time $(CPUDIR)/ablation_lambda --num-sets 2
 
 # Evidence on SmolLM2 (experiments/results/smollm2-cpu.md): the conll and gloss sweeps run side

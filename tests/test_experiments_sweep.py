@@ -27,7 +27,6 @@ def run_sweep(sweep_dir: Path, overrides: list[str]) -> subprocess.CompletedProc
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-# Remove this mark once mode=train runs end to end on the tiny model (the training issue).
 def test_tiny_2x2_sweep_aggregates_to_four_rows(tmp_path: Path):
     sweep_dir = tmp_path / "sweep"
     proc = run_sweep(sweep_dir, ["lambda=0,1", "rollout.beam_width=1,2"])

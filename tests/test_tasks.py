@@ -12,7 +12,7 @@ from grammarrl.models import load_tokenizer
 from grammarrl.tasks import load_task
 from grammarrl.tasks.conll import FIELDS, bio_spans
 from grammarrl.tasks.gloss import suffix_form
-from grammarrl.tasks.grammar_check import GrammarChecker, grammar_accepts
+from grammarrl.tasks.grammar_check import GrammarChecker
 from tests.conftest import compose_config
 
 TASKS = ("gloss", "wos", "conll")
@@ -218,8 +218,9 @@ def test_grammar_keeps_separators_inside_terminals(tasks):
 
 def test_grammar_escapes_json_strings(tokenizer):
     lark = "start: VALUE\nVALUE: " + json.dumps(json.dumps('a "quoted" \\ word')) + "\n"
-    assert grammar_accepts(lark, tokenizer, json.dumps('a "quoted" \\ word'))
-    assert not grammar_accepts(lark, tokenizer, '"a "quoted" \\ word"')
+    checker = GrammarChecker(lark, tokenizer)
+    assert checker.accepts(json.dumps('a "quoted" \\ word'))
+    assert not checker.accepts('"a "quoted" \\ word"')
 
 
 # ----- parsing and scoring ---------------------------------------------------------------

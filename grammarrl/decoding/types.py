@@ -37,10 +37,6 @@ class Generation:
         return float(sum(self.logp_constrained))
 
     @property
-    def sum_log_allowed_mass(self) -> float:
-        return float(sum(self.log_allowed_mass))
-
-    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 

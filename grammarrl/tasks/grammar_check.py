@@ -70,8 +70,3 @@ class GrammarChecker:
     def rejected(self, texts: Iterable[str]) -> list[str]:
         """The distinct texts that are not accepted."""
         return [text for text in dict.fromkeys(texts) if not self.accepts(text)]
-
-
-def grammar_accepts(lark: str, tokenizer: Any, text: str) -> bool:
-    """One-off check: is `text` accepted by the Lark grammar under `tokenizer`?"""
-    return GrammarChecker(lark, tokenizer).accepts(text)
