@@ -41,6 +41,8 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
         "num_fewshot": cfg.task.num_fewshot,
         "num_hints": cfg.task.num_hints,
         "max_new_tokens": cfg.task.max_new_tokens,
+        "temperature": cfg.rollout.temperature,
+        "length_penalty": cfg.rollout.length_penalty,
     }
 
 

@@ -56,7 +56,7 @@ class RolloutSchema:
     num_samples: int = 3
     beam_width: int = 3
     temperature: float = 1.0
-    length_penalty: float = 0.0
+    length_penalty: float = 1.0
 
 
 @dataclass
@@ -90,7 +90,7 @@ class TrainSchema:
 class EvalSchema:
     decoding: str = "greedy"
     beam_width: int = 3
-    length_penalty: float = 0.0
+    length_penalty: float = 1.0
     num_test_sets: int = 10
     test_size: int = 2000
     batch_size: int = 8
