@@ -72,11 +72,14 @@ def smollm2_gguf_path(relative: str = SMOLLM2_GGUF) -> Path:
 
 
 def _smollm2_cache(cache_dir: Path, gguf: Path) -> Path:
-    """Dequantise the GGUF once into a plain safetensors checkpoint (with tokenizer); reuse it."""
+    """Dequantise the GGUF once into a plain safetensors checkpoint (with tokenizer); reuse it.
+
+    The cache is keyed by the GGUF's name and size, not its path, so virtualenvs and worktrees
+    share it. It appears in one rename: processes that build it at the same time keep the
+    first complete copy, and a reader never sees a half-written or half-deleted one."""
     target = Path(cache_dir) / "models" / gguf.stem
-    stamp = {"gguf": str(gguf), "size": gguf.stat().st_size}
-    stamp_file = target / "grammarrl_source.json"
-    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+    stamp = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    if _cache_stamp(target) == stamp:
         return target
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
@@ -97,11 +100,29 @@ def _smollm2_cache(cache_dir: Path, gguf: Path) -> Path:
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     plain.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    (staging / "grammarrl_source.json").write_text(json.dumps(stamp))
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(staging, target)
+    (staging / CACHE_STAMP).write_text(json.dumps(stamp))
+    if target.exists() and _cache_stamp(target) != stamp:  # built from another GGUF: set aside
+        stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stale."))
+        os.replace(target, stale / target.name)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process finished first (a non-empty directory is not replaced)
+        shutil.rmtree(staging, ignore_errors=True)
+        if _cache_stamp(target) != stamp:
+            raise
     return target
+
+
+CACHE_STAMP = "grammarrl_source.json"
+
+
+def _cache_stamp(directory: Path) -> dict[str, Any] | None:
+    """The source record of a complete cached model directory, None if absent or unreadable."""
+    try:
+        return json.loads((directory / CACHE_STAMP).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def load_tokenizer(model_cfg: DictConfig, cache_dir: str | Path) -> Any:

@@ -98,3 +98,22 @@ def test_smollm2_second_load_is_fast_and_matches_gguf(cache_dir):
     with torch.no_grad():
         top = model(input_ids=ids).logits[0, -1].argmax().item()
     assert tokenizer.decode([top]).strip() == "Paris"
+
+
+def test_model_cache_is_shared_across_install_paths(tmp_path):
+    """The dequantised SmolLM2 cache is keyed by the GGUF's name and size, not its path: a
+    second virtualenv or worktree (another path to the same file) reuses it, where a path key
+    rebuilt it and a concurrent reader crashed on the half-replaced directory."""
+    import json
+
+    from grammarrl.models import CACHE_STAMP, _smollm2_cache
+
+    first, second = tmp_path / "venv-a" / "m.gguf", tmp_path / "venv-b" / "m.gguf"
+    for gguf in (first, second):
+        gguf.parent.mkdir()
+        gguf.write_bytes(b"not a real gguf")  # any rebuild attempt would fail on it
+    target = tmp_path / "cache" / "models" / "m"
+    target.mkdir(parents=True)
+    (target / CACHE_STAMP).write_text(json.dumps({"gguf": "m.gguf", "size": 15}))
+    assert _smollm2_cache(tmp_path / "cache", first) == target
+    assert _smollm2_cache(tmp_path / "cache", second) == target
