@@ -37,6 +37,7 @@ def suite(bench: Bench, full: bool = False) -> list[tuple[str, Callable[[], Benc
         ("eval_batching/conll", lambda: decoding.eval_batching(bench, "conll")),
         ("rl_step_prefix_sharing/conll", lambda: rl_step.prefix_sharing(bench, "conll")),
         ("rl_step_prefix_sharing/wos", lambda: rl_step.prefix_sharing(bench, "wos")),
+        ("rl_step_dtype/conll", lambda: rl_step.dtype_pair(bench, "conll")),
         ("rl_step_peak_memory_gb/conll", lambda: rl_step.peak_memory(bench, "conll")),
         ("rl_step_peak_memory_gb/conll+checkpointing",
          lambda: rl_step.peak_memory(bench, "conll", checkpointing=True)),

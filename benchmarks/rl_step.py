@@ -64,6 +64,26 @@ def prefix_sharing(bench: Bench, task_name: str, batch_size: int = 1, steps: int
                  "phase_ratio": {p: round(unshared[p] / max(shared[p], 1e-9), 3) for p in PHASES}})
 
 
+def dtype_pair(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
+    """RL steps with the weights in float32 vs `model.dtype=auto` (bfloat16 on CUDA and on CPUs
+    with native bf16); same inputs and seeds. The ratio is float32 step / auto step."""
+    from grammarrl.models import resolve_device, resolve_dtype
+
+    common = (f"task={task_name}", "optim.batch_size=1")
+    auto_cfg = bench.config(*common, "model.dtype=auto")
+    chosen = resolve_dtype("auto", resolve_device(auto_cfg.device))
+    fp32 = median_phases(run_steps(bench, steps, *common, "model.dtype=float32"))
+    release_memory()
+    auto = median_phases(run_steps(bench, steps, *common, "model.dtype=auto"))
+    return BenchResult(
+        name=f"rl_step_dtype/{task_name}", ratio=fp32["step"] / auto["step"], goal=1.7,
+        at_most=False,
+        details={"task": task_name, "steps": steps, "timed_steps": max(steps - 1, 1),
+                 "auto_dtype": str(chosen).removeprefix("torch."), "float32_s": fp32,
+                 "auto_s": auto,
+                 "phase_ratio": {p: round(fp32[p] / max(auto[p], 1e-9), 3) for p in PHASES}})
+
+
 def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tuple[int, ...],
             steps: int = 1) -> BenchResult:
     """Step time vs prompt length (few-shot count) and N, shared vs unshared. The ratio is how

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from grammarrl.config import rollout_key
+from grammarrl.models import resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
         "max_new_tokens": cfg.task.max_new_tokens,
         "temperature": cfg.rollout.temperature,
         "length_penalty": cfg.rollout.length_penalty,
+        "dtype": str(resolve_dtype(cfg.model.dtype, resolve_device(cfg.device))).removeprefix(
+            "torch."),
     }
 
 

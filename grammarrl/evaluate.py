@@ -217,6 +217,7 @@ def evaluate(
         adapter=str(adapter) if adapter else None,
         seed=cfg.seed,
         device=str(decoder.device),
+        dtype=str(getattr(model, "dtype", "")).removeprefix("torch."),
         mean_output_tokens=sum(g.num_tokens for g in unique) / max(len(unique), 1),
         per_set=per_set,
         gold_rejected=gold_rejected,

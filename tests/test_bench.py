@@ -24,19 +24,20 @@ def test_verdict_follows_ratio_and_goal_direction():
 def test_quick_suite_writes_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(["--quick", "--out", str(out), "--only", "grammar_overhead/conll",
-                 "--only", "eval_batching/conll", "--only", "rl_step_prefix_sharing/conll"])
+                 "--only", "eval_batching/conll", "--only", "rl_step_prefix_sharing/conll",
+                 "--only", "rl_step_dtype/conll"])
     assert code == 0
     assert logging.getLogger("grammarrl").isEnabledFor(logging.WARNING)  # later tests read logs
     records = {r["name"]: r for r in json.loads(out.read_text())}
     assert set(records) == {"grammar_overhead/conll", "eval_batching/conll",
-                            "rl_step_prefix_sharing/conll"}
+                            "rl_step_prefix_sharing/conll", "rl_step_dtype/conll"}
     for record in records.values():
         assert set(record) == {"name", "ratio", "goal", "holds", "details"}
         assert record["ratio"] > 0
         assert record["details"]["model"] == "tiny"
         assert "cpu_count" in record["details"]["machine"]
     printed = capsys.readouterr().out
-    assert all(name in printed for name in records) and "/3 goals hold" in printed
+    assert all(name in printed for name in records) and "/4 goals hold" in printed
     overhead = records["grammar_overhead/conll"]
     assert overhead["holds"] == (overhead["ratio"] <= 1.05)
     assert overhead["details"]["generated_tokens"] and all(
@@ -49,6 +50,9 @@ def test_quick_suite_writes_bench_json(tmp_path, capsys):
         assert set(phases) == set(PHASES)
         parts = sum(phases[p] for p in PHASES if p != "step")
         assert 0 < parts <= phases["step"] * 1.001  # the step contains its phases
+    precision = records["rl_step_dtype/conll"]["details"]
+    assert set(precision["float32_s"]) == set(PHASES) and precision["auto_dtype"] in (
+        "bfloat16", "float32")
 
 
 def test_unknown_benchmark_name_is_a_usage_error(tmp_path):

@@ -21,8 +21,6 @@ from tests.conftest import compose_config
 
 
 def test_dtype_policy():
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     with pytest.raises(ModelError, match="model.dtype"):
         resolve_dtype("float77", torch.device("cpu"))
 
@@ -117,3 +115,33 @@ def test_model_cache_is_shared_across_install_paths(tmp_path):
     (target / CACHE_STAMP).write_text(json.dumps({"gguf": "m.gguf", "size": 15}))
     assert _smollm2_cache(tmp_path / "cache", first) == target
     assert _smollm2_cache(tmp_path / "cache", second) == target
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_is_bf16_only_on_cpus_that_have_it(monkeypatch, native):
+    from grammarrl import models
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    expected = torch.bfloat16 if native else torch.float32
+    assert models.resolve_dtype("auto", torch.device("cpu")) == expected
+    assert models.resolve_dtype("float32", torch.device("cpu")) == torch.float32
+    assert models.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+
+
+def test_half_precision_weights_get_float32_logits(cache_dir):
+    """bf16 weights, float32 logits from a float32 head untied from the embeddings; LoRA
+    parameters stay float32 and the head stays out of training."""
+    from grammarrl.models import add_lora
+
+    cfg = compose_config(["model=tiny", "model.dtype=bfloat16"])
+    model, _ = load_model(cfg.model, cache_dir, device="cpu")
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    assert head.weight.dtype == torch.float32 and embed.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(head.weight, embed.weight.float())  # the same values, untied
+    logits = model(input_ids=torch.tensor([[1, 520, 33]])).logits
+    assert logits.dtype == torch.float32
+    policy = add_lora(model, cfg.lora)
+    trainable = {n: p.dtype for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and set(trainable.values()) == {torch.float32}
+    assert all("lora_" in n for n in trainable)
