@@ -567,11 +567,13 @@ def test_bad_grammar_is_a_clear_error(model, tok):
         ConstrainedDecoder(model, tok, "start: undefined_rule", max_new_tokens=4)
 
 
-def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch):
+@pytest.mark.parametrize("cascade", [None, False])
+def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch, cascade):
     """Two prompts of different lengths in one rollout batch, with a grammar whose beams dead-end
     (after three digits only the end token is allowed), so beam groups shrink and regrow and
     sample rows finish mid-batch: slots shift across the prompt boundary while the row count
-    stays the same. Every row's recorded log-probs must equal a from-scratch recomputation."""
+    stays the same. Every row's recorded log-probs must equal a from-scratch recomputation, with
+    the prompt KV kept once (cascade, the default) and copied per row."""
     import grammarrl.decoding.decoder as decoder_module
 
     grammar = r"start: /[01]{1,3}/"
@@ -586,7 +588,7 @@ def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch):
         return real_plan(old_prompts, new_prompts, sources, trim)
 
     monkeypatch.setattr(decoder_module, "plan_cache_update", recording_plan)
-    dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=6)
+    dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=6, cascade=cascade)
     for seed in range(24):
         groups = dec.rollout(prompts, num_samples=2, beam_width=3,
                              generator=torch.Generator().manual_seed(seed))

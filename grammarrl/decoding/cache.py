@@ -1,9 +1,12 @@
-"""KV-cache plumbing for batched decoding with transformers' `DynamicCache`.
+"""KV-cache plumbing for batched decoding with transformers' `DynamicCache`: the copied-rows
+layout, where every row holds its own copy of its prompt's KV (as `generate` does).
 
-Each prompt is prefilled once, alone (no padding compute); its cache is then copied into every
-row generated from it (N samples, B beams), left-padded to the longest prompt of the batch.
-Rows are dropped as they finish and reordered when beams are re-ranked; columns that every
-remaining row pads are trimmed away.
+Each prompt is prefilled once, alone (no padding compute), or once per row without prefix
+sharing; its cache is then copied into every row generated from it (N samples, B beams),
+left-padded to the longest prompt of the batch. Rows are dropped as they finish and reordered
+when beams are re-ranked; columns that every remaining row pads are trimmed away. The default
+layout of the decoder keeps the prompt KV once instead (`cascade.SharedPromptCache`); this one
+is the unshared reference and the fallback for models cascade attention does not support.
 """
 
 from __future__ import annotations
@@ -11,6 +14,23 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+
+class CopiedPromptCache:
+    """A `DynamicCache` with one left-padded copy of its prompt's KV per row, and each row's
+    number of left-padding columns."""
+
+    def __init__(self, caches: list[DynamicCache], lengths: list[int], repeats: list[int]):
+        width = max(lengths)
+        self.cache = assemble(caches, lengths, repeats)
+        self.pads = [width - length for length, repeat in zip(lengths, repeats)
+                     for _ in range(repeat)]
+
+    def attention_mask(self, device: torch.device) -> torch.Tensor:
+        """The 2D mask of the next step (cached columns and the new one; padding off)."""
+        length = self.cache.get_seq_length() + 1
+        pads = torch.tensor(self.pads, device=device)
+        return (torch.arange(length, device=device).unsqueeze(0) >= pads.unsqueeze(1)).long()
 
 
 def layer_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

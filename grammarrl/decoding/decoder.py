@@ -1,16 +1,20 @@
 """The batched grammar-constrained decoder: greedy, sampling, beam search and group rollouts.
 
 One loop serves every mode. Each prompt is prefilled once; every row generated from it (greedy,
-the N samples, the B beams) starts from a copy of that prompt's KV cache. At each step all live
-rows of all prompts go through the model together (one forward), llguidance fills the token
-masks of all rows in parallel, and each row picks its next token by its own rule:
+the N samples, the B beams) reads that prompt's KV cache, kept once per prompt: decode steps run
+cascade attention (`cascade.py`) over the shared prompt KV and each row's own generated KV, so
+forking, reordering and dropping rows moves only the rows' small generated part. (Models that
+cascade attention does not support, and `share_prefix=False`, copy the prompt KV into every row
+instead: `cache.CopiedPromptCache`.) At each step all live rows of all prompts go through the
+model together (one forward), llguidance fills the token masks of all rows in parallel, and
+each row picks its next token by its own rule:
 
 - greedy: arg-max of the masked logits;
 - sample: inverse-CDF draw from softmax(masked logits / T), one uniform per row from the
   caller's torch.Generator (reproducible, device independent);
 - beam: per prompt, the B best (beam, token) extensions by summed constrained log-prob; the
-  end-of-turn token closes a hypothesis. Matchers are forked (`deep_copy`) and the KV cache
-  rows reordered together.
+  end-of-turn token closes a hypothesis. Matchers are forked (`deep_copy`) and the rows' KV
+  reordered together.
 
 Finished rows leave the batch (their matchers never see padding). For every generated token the
 decoder records the unconstrained log-prob (full-vocabulary softmax of the raw logits), the
@@ -27,7 +31,14 @@ import torch
 from transformers import DynamicCache
 
 from grammarrl.chat import end_of_turn_id
-from grammarrl.decoding.cache import assemble, layer_tensors, reorder_suffix, select_rows
+from grammarrl.decoding.cache import CopiedPromptCache, layer_tensors, reorder_suffix, select_rows
+from grammarrl.decoding.cascade import (
+    CACHE_KWARG,
+    SharedPromptCache,
+    cascade_attention,
+    model_configs,
+    supports_cascade,
+)
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
 from grammarrl.decoding.types import BeamResult, Generation
 
@@ -48,14 +59,13 @@ class _Row:
         "lm",
         "lu",
         "matcher",
-        "pad",
         "plen",
         "prompt",
         "score",
         "tokens",
     )
 
-    def __init__(self, prompt: int, kind: int, index: int, matcher: Any, pad: int, plen: int):
+    def __init__(self, prompt: int, kind: int, index: int, matcher: Any, plen: int):
         self.prompt = prompt
         self.kind = kind
         self.index = index  # sample number within the prompt
@@ -65,11 +75,10 @@ class _Row:
         self.lc: list[float] = []
         self.lm: list[float] = []
         self.score = 0.0  # sum of constrained log-probs (the beam score)
-        self.pad = pad  # left-padding columns of this row in the batched cache
         self.plen = plen  # prompt length: position id of the first generated token
 
     def child(self, matcher: Any) -> _Row:
-        row = _Row(self.prompt, self.kind, self.index, matcher, self.pad, self.plen)
+        row = _Row(self.prompt, self.kind, self.index, matcher, self.plen)
         row.tokens = list(self.tokens)
         row.lu, row.lc, row.lm = list(self.lu), list(self.lc), list(self.lm)
         row.score = self.score
@@ -123,6 +132,7 @@ class ConstrainedDecoder:
         max_new_tokens: int,
         stop_token_id: int | None = None,
         share_prefix: bool = True,
+        cascade: bool | None = None,
     ):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -134,11 +144,16 @@ class ConstrainedDecoder:
         self.grammar = CompiledGrammar(tokenizer, grammar, self.stop_token_id)
         self.max_new_tokens = int(max_new_tokens)
         self._masks: MaskComputer | None = None
+        self._configs: list | None = None  # the model's configs, for the attention switch
         # Prompts of one call sharing at least this many leading tokens prefill them once.
         self.min_shared_prefix = 32
         # False: every row prefills its own prompt, as `generate(num_return_sequences=...)` does
         # (the reference point of the sharing benchmark; same outputs, more compute).
         self.share_prefix = share_prefix
+        # With prefix sharing, keep each prompt's KV once and decode with cascade attention
+        # (None: wherever the model supports it; False: copy the prompt KV into every row, the
+        # layout of `share_prefix=False`, same outputs; True: required).
+        self.cascade = cascade
         # Cost accounting: model forward calls and token positions run (prefill tokens + one per
         # decoded row per step), accumulated over the decoder's life; read and diff freely.
         self.forward_calls = 0
@@ -225,8 +240,9 @@ class ConstrainedDecoder:
             if was_training:
                 model.train()
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False):
-        kwargs = {"logits_to_keep": 1} if last_only else {}
+    def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False, **kwargs):
+        if last_only:
+            kwargs["logits_to_keep"] = 1
         self.forward_calls += 1
         self.forward_tokens += int(input_ids.numel())
         out = self.model(
@@ -280,31 +296,17 @@ class ConstrainedDecoder:
         max_new = self.max_new_tokens
         grammar = self.grammar
 
-        # Prefill each prompt once; rows of a prompt share (copies of) its cache.
-        first_logits, caches, lengths, repeats = [], [], [], []
+        # Rows of each prompt (greedy, samples, beam), consecutive; `_start` prefills the prompts.
         rows: list[_Row] = []
         groups: dict[int, _BeamGroup] = {}
         per_prompt_kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples
         per_prompt_kinds += [BEAM] if beam_width else []
-        width = max(len(p) for p in prompts)
-        prefix = self._shared_prefix(prompts) if self.share_prefix else None
-        copies = 1 if self.share_prefix else len(per_prompt_kinds)  # prefills per prompt
         for p, prompt in enumerate(prompts):
-            for _ in range(copies):
-                logits, cache = self._prefill(prompt, prefix)
-                first_logits.append(logits.expand(len(per_prompt_kinds) // copies, -1))
-                caches.append(cache)
-                lengths.append(len(prompt))
-                repeats.append(len(per_prompt_kinds) // copies)
             for j, kind in enumerate(per_prompt_kinds):
-                index = j - int(greedy)
-                pad = width - len(prompt)
-                rows.append(_Row(p, kind, index, grammar.matcher(), pad, len(prompt)))
+                rows.append(_Row(p, kind, j - int(greedy), grammar.matcher(), len(prompt)))
             if beam_width:
                 groups[p] = _BeamGroup(p, beam_width, length_penalty)
-        logits = torch.cat(first_logits, dim=0)
-        cache = assemble(caches, lengths, repeats)
-        del caches, prefix
+        logits, kv = self._start(prompts, len(per_prompt_kinds))
 
         if self._masks is None or self._masks.width != logits.shape[1]:
             self._masks = MaskComputer(grammar, logits.shape[1], device)
@@ -406,32 +408,83 @@ class ConstrainedDecoder:
 
             if not new_rows:
                 break
-            # Reorder / drop / fork cache rows and trim the padding no row needs any more.
-            trim = min(r.pad for r in new_rows)
-            plan = plan_cache_update([r.prompt for r in rows], [r.prompt for r in new_rows],
-                                     new_src, trim)
-            if plan == "suffix":
-                index = torch.tensor(new_src, device=device)
-                generated = len(new_rows[0].tokens) - 1  # tokens already in the cache
-                if not reorder_suffix(cache, index, generated):
-                    plan = "rows"
-            if plan == "rows" or trim:
-                index = None if plan == "keep" else torch.tensor(new_src, device=device)
-                select_rows(cache, index, trim)
-                for r in new_rows:
-                    r.pad -= trim
+            self._reorder(kv, [r.prompt for r in rows], [r.prompt for r in new_rows], new_src,
+                          len(new_rows[0].tokens) - 1)
             rows = new_rows
-            length = cache.get_seq_length() + 1
-            pads = torch.tensor([r.pad for r in rows], device=device)
-            attention = torch.arange(length, device=device).unsqueeze(0) >= pads.unsqueeze(1)
-            input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
-            positions = torch.tensor([[r.plen + len(r.tokens) - 1] for r in rows], device=device)
-            logits, cache = self._forward(input_ids, attention.long(), positions, cache)
+            logits = self._step(kv, rows)
 
         for group in groups.values():  # groups whose rows all died without a result
             if group.result is None:
                 self._close_group(outputs, group, [])
         return outputs
+
+    def _start(self, prompts: list[list[int]], rows_per_prompt: int
+               ) -> tuple[torch.Tensor, SharedPromptCache | CopiedPromptCache]:
+        """Prefill the prompts: the first logits of every row (rows of a prompt consecutive,
+        `rows_per_prompt` each) and the batch's KV cache. With prefix sharing each prompt is run
+        once (a common prefix of the prompts once in all) and its KV kept once (cascade) or
+        copied into its rows; without, every row prefills its own prompt."""
+        prefix = self._shared_prefix(prompts) if self.share_prefix else None
+        copies = 1 if self.share_prefix else rows_per_prompt  # prefills per prompt
+        first_logits, caches, lengths, repeats = [], [], [], []
+        for prompt in prompts:
+            for _ in range(copies):
+                logits, cache = self._prefill(prompt, prefix)
+                first_logits.append(logits.expand(rows_per_prompt // copies, -1))
+                caches.append(cache)
+                lengths.append(len(prompt))
+                repeats.append(rows_per_prompt // copies)
+        del prefix
+        logits = torch.cat(first_logits, dim=0)
+        if not self._use_cascade():
+            return logits, CopiedPromptCache(caches, lengths, repeats)
+        self._configs = model_configs(self.model)
+        kv = SharedPromptCache([layer_tensors(c) for c in caches],
+                               capacity=min(self.max_new_tokens + 1, 64))
+        kv.select([p for p in range(len(prompts)) for _ in range(rows_per_prompt)])
+        return logits, kv
+
+    def _use_cascade(self) -> bool:
+        if not self.share_prefix or self.cascade is False:
+            return False
+        supported = supports_cascade(self.model)
+        if self.cascade and not supported:
+            raise ValueError("cascade=True, but the model's attention cannot be replaced by "
+                             "cascade attention (see grammarrl/decoding/cascade.py)")
+        return supported
+
+    def _reorder(self, kv, old_prompts: list[int], new_prompts: list[int], sources: list[int],
+                 generated: int) -> None:
+        """Rows of the next step: new row i continues old row `sources[i]` (dropped, reordered
+        or forked rows); `generated` = tokens already in the cache per row."""
+        if isinstance(kv, SharedPromptCache):
+            plan = plan_cache_update(old_prompts, new_prompts, sources, 0)
+            kv.select(new_prompts, None if plan == "keep" else sources)
+            return
+        # Copied rows: also trim the left padding no row needs any more.
+        trim = min(kv.pads[s] for s in sources)
+        plan = plan_cache_update(old_prompts, new_prompts, sources, trim)
+        device = self.device
+        if plan == "suffix" and not reorder_suffix(
+                kv.cache, torch.tensor(sources, device=device), generated):
+            plan = "rows"
+        if plan == "rows" or trim:
+            index = None if plan == "keep" else torch.tensor(sources, device=device)
+            select_rows(kv.cache, index, trim)
+        kv.pads = [kv.pads[s] - trim for s in sources]
+
+    def _step(self, kv, rows: list[_Row]) -> torch.Tensor:
+        """One decode step of `rows` (each feeds its last token): next-token logits."""
+        device = self.device
+        input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
+        positions = torch.tensor([[r.plen + len(r.tokens) - 1] for r in rows], device=device)
+        if isinstance(kv, SharedPromptCache):
+            with cascade_attention(self._configs):
+                logits, _ = self._forward(input_ids, None, positions, kv, **{CACHE_KWARG: kv})
+            return logits
+        logits, kv.cache = self._forward(input_ids, kv.attention_mask(device), positions,
+                                         kv.cache)
+        return logits
 
     def _beam_step(self, outputs, groups, p, entries, rows, new_rows, new_src, stop, max_new):
         group = groups[p]
@@ -539,6 +592,10 @@ def plan_cache_update(old_prompts: list[int], new_prompts: list[int], sources: l
       keeps a row of the same prompt, so its prompt KV and padding stay right: beams re-ranked
       within their prompts;
     - "rows": whole rows are gathered (`select_rows`), for any other change.
+
+    (`trim`: left-padding columns dropped, copied rows only. With the shared prompt KV of
+    cascade decoding, "suffix" and "rows" both gather the rows' generated KV; each row reads
+    the prompt KV of the prompt it belongs to.)
     """
     if sources == list(range(len(old_prompts))):
         return "keep"

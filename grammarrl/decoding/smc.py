@@ -16,8 +16,8 @@ so the final weight is p(y)/q(y) * Phi(y) (telescoping) whatever the schedule.
 
 When the effective sample size 1 / sum(w_norm^2) of a prompt's population falls below
 `ess_threshold * N` the population is resampled (multinomial, from its own generator): finished
-particles are copied as records, live ones are forked (matchers `deep_copy`, KV cache rows
-duplicated), and every weight is set to the population's mean weight (log-sum-exp minus log N).
+particles are copied as records, live ones are forked (matchers `deep_copy`, the rows'
+generated KV duplicated), and every weight is set to the population's mean weight (log-sum-exp minus log N).
 Finished particles stay in the population with fixed weights, as in genlm-control.
 `ess_threshold = 0` never resamples: importance sampling.
 """
@@ -30,7 +30,6 @@ from typing import Protocol
 
 import torch
 
-from grammarrl.decoding.cache import assemble, select_rows
 from grammarrl.decoding.decoder import NEG_INF, SAMPLE, ConstrainedDecoder, _dead, _Row, _sample
 from grammarrl.decoding.grammar import MaskComputer, grammar_complete
 from grammarrl.decoding.types import Generation
@@ -161,25 +160,14 @@ class _Loop:
         grammar = dec.grammar
         stop, max_new, n = dec.stop_token_id, dec.max_new_tokens, self.n
 
-        first_logits, caches, lengths = [], [], []
-        width = max(len(p) for p in self.prompts)
-        prefix = dec._shared_prefix(self.prompts)
         self.population: list[list[_Particle]] = []
         live: list[_Particle] = []
         for p, prompt in enumerate(self.prompts):
-            logits, cache = dec._prefill(prompt, prefix)
-            first_logits.append(logits.expand(n, -1))
-            caches.append(cache)
-            lengths.append(len(prompt))
-            group = []
-            for j in range(n):
-                row = _Row(p, SAMPLE, j, grammar.matcher(), width - len(prompt), len(prompt))
-                group.append(_Particle(row))
+            group = [_Particle(_Row(p, SAMPLE, j, grammar.matcher(), len(prompt)))
+                     for j in range(n)]
             self.population.append(group)
             live.extend(group)
-        logits = torch.cat(first_logits, dim=0)
-        cache = assemble(caches, lengths, [n] * len(self.prompts))
-        del caches, prefix
+        logits, kv = dec._start(self.prompts, n)
         if dec._masks is None or dec._masks.width != logits.shape[1]:
             dec._masks = MaskComputer(grammar, logits.shape[1], device)
         masks = dec._masks
@@ -252,21 +240,10 @@ class _Loop:
                         new_src.append(sources[id(pt)])
             if not new_live:
                 break
-            trim = min(pt.row.pad for pt in new_live)
-            identity = new_src == list(range(len(live)))
-            if not identity or trim:
-                index = None if identity else torch.tensor(new_src, device=device)
-                select_rows(cache, index, trim)
-                for pt in new_live:
-                    pt.row.pad -= trim
+            dec._reorder(kv, [pt.row.prompt for pt in live], [pt.row.prompt for pt in new_live],
+                         new_src, len(new_live[0].row.tokens) - 1)
             live = new_live
-            rows = [pt.row for pt in live]
-            length = cache.get_seq_length() + 1
-            pads = torch.tensor([r.pad for r in rows], device=device)
-            attention = torch.arange(length, device=device).unsqueeze(0) >= pads.unsqueeze(1)
-            input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
-            positions = torch.tensor([[r.plen + len(r.tokens) - 1] for r in rows], device=device)
-            logits, cache = dec._forward(input_ids, attention.long(), positions, cache)
+            logits = dec._step(kv, [pt.row for pt in live])
 
         if self.defer:
             for p, group in enumerate(self.population):
