@@ -50,7 +50,7 @@ def curves_figure(evals: Sequence[Evaluation], out: Path, name: str,
     """Train/dev curves of the training runs behind `evals` (greedy results only)."""
     curves, metric_names = [], {}
     for ev in evals:
-        if ev.run.mode != "train" or ev.name != "results":
+        if ev.mode != "train" or ev.name != "results":
             continue
         series = analysis.read_metrics(ev.run)
         train, dev = series.get(f"val/train_{ev.metric}", []), series.get(f"val/dev_{ev.metric}", [])

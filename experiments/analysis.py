@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from experiments.runs import AggregationError, Evaluation, Run
-from grammarrl.calibration import calibration_key
+from grammarrl.calibration import calibration_key, entries
 from grammarrl.results import mean_std
 from grammarrl.tasks.conll import FIELDS
 
@@ -87,20 +87,26 @@ def read_metrics(run: Run) -> dict[str, list[tuple[int, float]]]:
 
 def calibration_entry(run: Run) -> dict[str, Any] | None:
     """σ's of a mode=calibrate run: from `<run>/calibration.json` when the run wrote one, else
-    from the run's shared calibration file (`reward.calibration_file`, by default
-    cache_dir/calibration.json) under its task/model/nN_bB key; None when neither holds it (the
-    run failed)."""
+    the entry measured in this run in its shared calibration file (`reward.calibration_file`,
+    by default cache_dir/calibration.json) under its task/model/nN_bB key; None when neither
+    holds it (the run failed)."""
     key = calibration_key(OmegaConf.create({
         "task": {"name": run.get("task.name")}, "model": {"name": run.get("model.name")},
         "rollout": {"num_samples": run.get("rollout.num_samples"),
                     "beam_width": run.get("rollout.beam_width")}}))
     shared = run.get("reward.calibration_file") or Path(str(run.get("cache_dir", ""))) / (
         "calibration.json")
-    for source in (run.path / "calibration.json", Path(shared)):
-        table = json.loads(source.read_text()) if source.is_file() else {}
-        entry = table if "sigma_direct" in table else table.get(key)
-        if entry is not None:
-            return {"task": run.get("task.name"), "model": run.get("model.name"),
-                    "n": run.get("rollout.num_samples"), "b": run.get("rollout.beam_width"),
-                    "source": str(source), **entry}
-    return None
+    own = run.path / "calibration.json"
+    if own.is_file():
+        table = json.loads(own.read_text())
+        found = [table] if "sigma_direct" in table else entries(table, key)
+        source = own
+    else:
+        source = Path(shared)
+        stored = entries(json.loads(source.read_text()), key) if source.is_file() else []
+        found = [e for e in stored if e.get("measured_in", str(run.path)) == str(run.path)]
+    if not found:
+        return None
+    return {"task": run.get("task.name"), "model": run.get("model.name"),
+            "n": run.get("rollout.num_samples"), "b": run.get("rollout.beam_width"),
+            "source": str(source), **found[-1]}

@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the sweeper Hydra runs
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from grammarrl.config import validate
-
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+from grammarrl.config import CONF_DIR, compose_job_config, validate
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:
@@ -41,8 +38,7 @@ def expand(overrides: Sequence[str]) -> list[list[str]]:
 
 def compose_job(overrides: Sequence[str]) -> DictConfig:
     """One job's config (without Hydra's own section), as the job would see it."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose_job_config(list(overrides))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

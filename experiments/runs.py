@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grammarrl.results import mean_std, predictions_name
+from grammarrl.rundir import read_record
 
 RESULTS_GLOB = "results*.json"
 BASELINE = "baseline"
@@ -59,30 +60,47 @@ class Evaluation:
     def scores(self) -> list[float]:
         return [float(s) for s in self.results["scores"]]
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """A setting of the job that produced these numbers, from the config stored inside the
+        results file (so no later job in the directory can relabel them); the run's config
+        for results files that hold none."""
+        config = self.results.get("config")
+        if not isinstance(config, dict) or not config:
+            return self.run.get(key, default)
+        value: Any = config
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return default
+            value = value[part]
+        return value
+
+    @property
+    def mode(self) -> str:
+        return str(self.get("mode", "train"))
+
     @property
     def system(self) -> str:
         """`baseline` (frozen model), `grammarrl` (trained adapter) or `search/<method>`."""
         if self.name.endswith("_baseline"):
             return BASELINE
-        mode = self.run.mode
-        if mode == "train":
+        if self.mode == "train":
             return GRAMMARRL
-        if mode == "search":
-            return f"search/{self.run.get('search.method', 'unknown')}"
-        return GRAMMARRL if self.results.get("adapter") or self.run.get("eval.adapter") else BASELINE
+        if self.mode == "search":
+            return f"search/{self.get('search.method', 'unknown')}"
+        return GRAMMARRL if self.results.get("adapter") or self.get("eval.adapter") else BASELINE
 
     @property
     def lam(self) -> float | None:
-        return self.run.lam
+        return self.get("lambda")
 
     @property
     def num_samples(self) -> int | None:
-        return self.run.get("rollout.num_samples")
+        return self.get("rollout.num_samples")
 
     @property
     def beam_width(self) -> int | None:
         """The training-time rollout beam width B (not the decoding beam)."""
-        return self.run.get("rollout.beam_width")
+        return self.get("rollout.beam_width")
 
     @property
     def predictions(self) -> Path:
@@ -100,7 +118,7 @@ class Evaluation:
     def label(self) -> str:
         """A short human label: `grammarrl λ=0.5 N=3 B=3 greedy`."""
         parts = [self.system]
-        if self.system == GRAMMARRL and self.run.mode == "train":
+        if self.system == GRAMMARRL and self.mode == "train":
             parts.append(f"λ={format_number(self.lam)} N={self.num_samples} B={self.beam_width}")
         parts.append(self.decoding)
         return " ".join(parts)
@@ -199,20 +217,24 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def load_run(path: Path) -> Run:
-    """A run from its directory (Hydra config if there, else the config inside results.json)."""
+    """A run from its directory. Its config is the record of the job that wrote its outputs
+    (`job.json`, else the config inside results.json); Hydra's `.hydra/` only for a job that
+    left neither (a failed or unfinished one), since a later job in the same directory
+    rewrites `.hydra/` before it starts."""
     results_files = tuple(sorted(path.glob(RESULTS_GLOB)))
-    config_file = path / ".hydra" / "config.yaml"
-    if config_file.is_file():
-        config = OmegaConf.load(config_file)
-    elif results_files:
-        config = OmegaConf.create(_read_json(results_files[0]).get("config", {}))
+    record = read_record(path)
+    hydra_dir = path / ".hydra"
+    hydra_text = (record or {}).get("hydra_files", {}).get("hydra.yaml")
+    if hydra_text is None and (hydra_dir / "hydra.yaml").is_file():
+        hydra_text = (hydra_dir / "hydra.yaml").read_text()
+    if record is not None:
+        config = OmegaConf.create(record["config"])
+    elif (hydra_dir / "config.yaml").is_file():
+        config = OmegaConf.load(hydra_dir / "config.yaml")
     else:
         raise AggregationError(f"{path}: neither .hydra/config.yaml nor {RESULTS_GLOB}")
-    choices: dict[str, str] = {}
-    hydra_file = path / ".hydra" / "hydra.yaml"
-    if hydra_file.is_file():
-        runtime = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}).get("runtime", {})
-        choices = {k: str(v) for k, v in (runtime.get("choices") or {}).items()}
+    runtime = (yaml.safe_load(hydra_text or "") or {}).get("hydra", {}).get("runtime", {})
+    choices = {k: str(v) for k, v in (runtime.get("choices") or {}).items()}
     return Run(path=path, config=config, choices=choices, results_files=results_files)
 
 

@@ -3,10 +3,11 @@
     pip install wandb-workspaces            # the Reports and Workspaces API (not a dependency)
     python -m experiments.wandb_report --entity ME --group multirun/2025-01-01/12-00-00 --save
 
-The runs of a sweep share the W&B group `logger.group` (the experiment configs set it to the
-sweep directory) and carry tags task=, model=, lambda=, N=, B=, decoding=. The report has one
-panel grid per comparison: held-out and train metrics over training steps and the reward terms,
-grouped by λ, by rollout composition (N, B) and by task/model. Offline runs must be synced first
+The runs of a sweep share the W&B group `logger.group` (by default the sweep directory) and
+carry tags task=, model=, mode= (plus lambda=, N=, B= for training, decoding= for eval, method=
+for search). The report has one panel grid per comparison: held-out and train metrics over
+training steps and the reward terms, grouped by λ, by rollout composition (N, B) and by
+task/model. Offline runs must be synced first
 (`wandb sync <run dir>/wandb/offline-run-*`). Without --save the report is only built (a dry run).
 """
 

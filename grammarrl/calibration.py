@@ -1,8 +1,12 @@
 """σ constants: mean within-group standard deviation of each reward term under the frozen model.
 
 Resolution order for a run: `reward.sigma_*` set explicitly > a calibration file entry for
-(task, model, N, B) measured under the run's data and prompt settings > the paper's table
+(task, model, N, B) measured under the run's conditions (`calibration_conditions`: data, dev
+inputs, weights and dtype, prompts, candidates, sampling stream) > the paper's table
 (`task.sigmas[model][nN_bB]`) > calibrate now.
+
+The calibration file maps each key `task/model/nN_bB` to a list of entries, one per set of
+conditions, so runs that alternate settings reuse their own σ's instead of recalibrating.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from tqdm import tqdm
 
 from grammarrl.config import rollout_key
 from grammarrl.models import resolve_device, resolve_dtype
+from grammarrl.results import config_dict, hydra_run_dir, run_dir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +38,26 @@ def calibration_key(cfg: DictConfig) -> str:
 
 
 def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
-    """What the σ's depend on beyond the key: the data and how prompts and candidates are built.
-    An entry measured under other conditions is not reused."""
+    """Everything the σ's depend on beyond the key: the data and dev inputs, the model's weights
+    and dtype, how prompts and candidates are built, and the sampling stream (seed and the
+    batches it is drawn in). An entry measured under other conditions is not reused."""
+    model = {k: v for k, v in config_dict(cfg.model).items() if k not in ("name", "dtype")}
     return {
         "data_dir": cfg.data.dir,
+        "data_source": cfg.data.source,
         "split_seed": cfg.data.split_seed,
         "embedder": cfg.data.embedder,
+        "dev_size": cfg.task.dev_size,
         "num_fewshot": cfg.task.num_fewshot,
         "num_hints": cfg.task.num_hints,
         "max_new_tokens": cfg.task.max_new_tokens,
         "temperature": cfg.rollout.temperature,
         "length_penalty": cfg.rollout.length_penalty,
+        "model": model,
         "dtype": str(resolve_dtype(cfg.model.dtype, resolve_device(cfg.device))).removeprefix(
             "torch."),
+        "seed": cfg.seed,
+        "batch_size": cfg.optim.batch_size,
     }
 
 
@@ -53,13 +65,27 @@ def _read(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
-    """Write one calibration entry (atomically; other keys are kept)."""
-    from grammarrl.results import write_json
+def entries(table: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The calibration entries stored under a key (a file written before several entries per
+    key were kept holds one entry as a plain object)."""
+    found = table.get(key, [])
+    return [found] if isinstance(found, dict) else list(found)
 
-    path = calibration_file(cfg)
+
+def differences(entry: dict[str, Any], conditions: dict[str, Any]) -> list[str]:
+    """`name=stored (this run: value)` for each condition an entry was not measured under."""
+    return [f"{name}={entry.get(name, 'unrecorded')} (this run: {value})"
+            for name, value in conditions.items() if entry.get(name) != value]
+
+
+def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
+    """Add one calibration entry under the run's key, replacing the one measured under the same
+    conditions (atomically; the other entries and keys are kept)."""
+    path, key = calibration_file(cfg), calibration_key(cfg)
     table = _read(path)
-    table[calibration_key(cfg)] = entry
+    conditions = calibration_conditions(cfg)
+    kept = [e for e in entries(table, key) if differences(e, conditions)]
+    table[key] = [*kept, entry]
     return write_json(path, dict(sorted(table.items())))
 
 
@@ -67,17 +93,16 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
     """(σ_direct, σ_reverse, where they came from), or None when calibration is needed."""
     if cfg.reward.sigma_direct is not None and cfg.reward.sigma_reverse is not None:
         return float(cfg.reward.sigma_direct), float(cfg.reward.sigma_reverse), "config"
-    entry = _read(calibration_file(cfg)).get(calibration_key(cfg))
-    if entry is not None:
-        differ = [f"{name}={entry.get(name, 'unrecorded')} (this run: {value})"
-                  for name, value in calibration_conditions(cfg).items()
-                  if entry.get(name) != value]
-        if differ:
-            log.warning("ignoring the calibrated σ's of %s in %s: measured with %s",
-                        calibration_key(cfg), calibration_file(cfg), ", ".join(differ))
-            entry = None
-    if entry is not None:
-        return entry["sigma_direct"], entry["sigma_reverse"], str(calibration_file(cfg))
+    conditions = calibration_conditions(cfg)
+    stored = entries(_read(calibration_file(cfg)), calibration_key(cfg))
+    for entry in stored:
+        if not differences(entry, conditions):
+            return entry["sigma_direct"], entry["sigma_reverse"], str(calibration_file(cfg))
+    if stored:
+        closest = min((differences(e, conditions) for e in stored), key=len)
+        log.warning("not reusing the %d calibrated entries of %s in %s: the closest was measured "
+                    "with %s", len(stored), calibration_key(cfg), calibration_file(cfg),
+                    ", ".join(closest))
     paper = cfg.task.sigmas.get(cfg.model.name, {}).get(
         rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width))
     if paper is not None:
@@ -106,6 +131,9 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
     from grammarrl.rollout import collect_rollouts
 
     dev = task.splits().dev[: cfg.task.dev_size]
+    short = f" (task.dev_size={cfg.task.dev_size}; the dev split holds {len(dev)})" \
+        if len(dev) < cfg.task.dev_size else ""
+    log.info("calibrating %s on %d dev inputs%s", calibration_key(cfg), len(dev), short)
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -125,7 +153,7 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
         "num_inputs": len(dev),
         "mean_direct": direct_t[valid_t].mean().item(),
         "mean_reverse": reverse_t[valid_t].mean().item(),
-        "seed": cfg.seed,
+        "measured_in": str(hydra_run_dir()) if hydra_run_dir() is not None else None,
         **calibration_conditions(cfg),
     }
 
@@ -133,7 +161,6 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
 def run_calibrate(cfg: DictConfig) -> dict[str, Any]:
     """mode=calibrate: measure and store the σ's for (task, model, N, B)."""
     from grammarrl.models import load_model
-    from grammarrl.results import run_dir, write_json
     from grammarrl.tasks import load_task
 
     task = load_task(cfg)

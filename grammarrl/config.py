@@ -1,15 +1,19 @@
 """Typed config schemas and validation, run before any model or data is loaded.
 
-Each config group is checked against a dataclass schema (OmegaConf structured configs: a
-wrong type names its key), then ranges are checked here with messages that name the key.
+Every key must be declared (a top-level scalar or a field of a group's dataclass schema): an
+unknown one, `+key=value` included, is refused with the closest known keys (difflib). Each group
+is then merged into its schema (OmegaConf structured configs: a wrong type names its key), and
+ranges and contradictions are checked here, with messages that name the key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from grammarrl.errors import ConfigError
@@ -20,6 +24,9 @@ MODEL_SOURCES = ("hub", "embedded", "tiny")
 DECODINGS = ("greedy", "beam")
 SEARCH_METHODS = ("rerank", "is", "smc")
 SEARCH_POTENTIALS = ("reverse", "task", "none")
+LOGGERS = ("wandb", "none")
+LOGGER_MODES = ("offline", "online", "disabled")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
 
 @dataclass
@@ -107,7 +114,42 @@ class SearchSchema:
     batch_size: int = 1
     posterior_draws: int = 20
     greedy_baseline: bool = True
-    adapter: Any = None
+
+
+@dataclass
+class DataSchema:
+    dir: Any = None
+    source: str = "local"
+    limit_train: Any = None
+    split_seed: int = 0
+    embedder: str = "all-MiniLM-L6-v2"
+
+
+@dataclass
+class RewardSchema:
+    sigma_direct: Any = None
+    sigma_reverse: Any = None
+    calibration_file: str = "calibration.json"
+
+
+@dataclass
+class TrainerSchema:
+    accelerator: str = "auto"
+    devices: Any = 1
+    strategy: str = "auto"
+    val_check_interval: Any = 50
+    val_size: int = 64
+    log_every_n_steps: int = 1
+    checkpoint_every_n_steps: int = 50
+
+
+@dataclass
+class LoggerSchema:
+    name: str = "none"
+    project: Any = None
+    mode: str = "offline"
+    group: Any = None
+    tags: list[str] = field(default_factory=list)
 
 
 SCHEMAS: dict[str, type] = {
@@ -119,7 +161,78 @@ SCHEMAS: dict[str, type] = {
     "eval": EvalSchema,
     "train": TrainSchema,
     "search": SearchSchema,
+    "data": DataSchema,
+    "reward": RewardSchema,
+    "trainer": TrainerSchema,
+    "logger": LoggerSchema,
 }
+# Top-level keys that are not config groups.
+SCALARS = ("mode", "lambda", "beta", "seed", "device", "skip_completed", "overwrite", "cache_dir")
+
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def compose_job_config(overrides: list[str]) -> DictConfig:
+    """The config one job would get from `python -m grammarrl.run <overrides>`, resolved (Hydra's
+    own section is used for `${hydra:...}` interpolations, then dropped). An override of a key
+    the config lacks is a ConfigError naming it; other composition errors are Hydra's."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import ConfigCompositionException
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    except ConfigCompositionException as err:
+        key = getattr(err.__cause__, "full_key", None)
+        if key:
+            raise unknown_key_error(str(key)) from None
+        raise
+    previous = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        with open_dict(cfg):
+            cfg.pop("hydra")
+        OmegaConf.resolve(cfg)  # `${hydra:...}` reads the section just set aside
+    finally:
+        HydraConfig.instance().cfg = previous
+    return cfg
+
+
+def known_keys() -> list[str]:
+    """Every key a config may hold: the top-level scalars and `group.field` of each schema."""
+    return [*SCALARS, *(f"{group}.{f.name}" for group, schema in SCHEMAS.items()
+                        for f in fields(schema))]
+
+
+def _similarity(key: str, known: str) -> float:
+    """difflib's ratio of two dotted keys, or of their last components if higher."""
+    whole = difflib.SequenceMatcher(None, key, known).ratio()
+    leaf = difflib.SequenceMatcher(None, key.rsplit(".", 1)[-1], known.rsplit(".", 1)[-1])
+    return max(whole, leaf.ratio())
+
+
+def unknown_key_error(key: str) -> ConfigError:
+    """A ConfigError naming an unknown key and the closest known ones (difflib)."""
+    scores = {known: _similarity(key, known) for known in known_keys()}
+    best = max(scores.values())
+    closest = " or ".join([k for k, score in scores.items() if score == best][:3])
+    hint = (f"did you mean {closest}?" if best >= 0.6 else
+            f"no known key is close, the nearest is {closest}; `--cfg job` prints them all")
+    return ConfigError(f"{key}: unknown config key ({hint})")
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse any key that no schema declares, `+key=value` overrides included."""
+    for key in cfg:
+        if key not in SCALARS and key not in SCHEMAS:
+            raise unknown_key_error(str(key))
+    for group, schema in SCHEMAS.items():
+        names = {f.name for f in fields(schema)}
+        for key in cfg[group]:
+            if key not in names:
+                raise unknown_key_error(f"{group}.{key}")
 
 
 def _typed(group: str, node: DictConfig) -> DictConfig:
@@ -128,8 +241,9 @@ def _typed(group: str, node: DictConfig) -> DictConfig:
         values = OmegaConf.to_container(node, resolve=True)
         return OmegaConf.merge(OmegaConf.structured(SCHEMAS[group]), values)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
-        raise ConfigError(f"{group}.{key}: {str(err).splitlines()[0]}") from None
+        key = str(getattr(err, "full_key", None) or getattr(err, "key", None) or "?")
+        key = key if key.startswith(f"{group}.") else f"{group}.{key}"
+        raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from None
 
 
 def _check(condition: bool, key: str, value: Any, expected: str) -> None:
@@ -137,11 +251,50 @@ def _check(condition: bool, key: str, value: Any, expected: str) -> None:
         raise ConfigError(f"{key}={value!r} is invalid: expected {expected}")
 
 
+def resume_setting(value: Any) -> str | Path | None:
+    """`train.resume` as `"auto"`, None (start afresh) or the path of an existing checkpoint."""
+    if value is None or str(value).lower() in ("null", "none", "false"):
+        return None
+    if str(value) == "auto":
+        return "auto"
+    path = Path(str(value)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"train.resume={value}: no such checkpoint file "
+                          "(expected auto, null or the path of a .ckpt file)")
+    return path
+
+
+def device_type(spec: str) -> str:
+    """`cpu` or `cuda` for a `device` value (`auto` follows CUDA's availability)."""
+    if spec == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if str(spec).startswith("cuda") else "cpu"
+
+
+def _check_devices(cfg: DictConfig) -> None:
+    """`device` is auto, cpu, cuda or cuda:N; `trainer.accelerator` must not contradict it."""
+    device = str(cfg.device)
+    _check(device in ("auto", "cpu", "cuda") or (device.startswith("cuda:")
+                                                  and device[5:].isdigit()),
+           "device", device, "auto, cpu, cuda or cuda:N")
+    accelerator = str(cfg.trainer.accelerator)
+    _check(accelerator in ACCELERATORS, "trainer.accelerator", accelerator,
+           f"one of {', '.join(ACCELERATORS)}")
+    wanted = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(accelerator)
+    if wanted is not None and wanted != device_type(device):
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} contradicts device={device} (the model is on "
+            f"{device_type(device)}): leave trainer.accelerator=auto, which follows device")
+
+
 def validate(cfg: DictConfig) -> None:
     """Check the composed config; raise ConfigError naming the first bad key."""
-    for key in ("mode", "lambda", "beta", "seed", *SCHEMAS):
+    for key in (*SCALARS, *SCHEMAS):
         if key not in cfg:
             raise ConfigError(f"missing config key {key!r}")
+    check_known_keys(cfg)
     typed = {group: _typed(group, cfg[group]) for group in SCHEMAS}
 
     _check(cfg.mode in MODES, "mode", cfg.mode, f"one of {', '.join(MODES)}")
@@ -168,6 +321,8 @@ def validate(cfg: DictConfig) -> None:
     _check(optim.max_steps >= 1, "optim.max_steps", optim.max_steps, "an integer >= 1")
 
     ev = typed["eval"]
+    _check(ev.adapter is None or cfg.mode in ("eval", "search"), "eval.adapter", ev.adapter,
+           f"null with mode={cfg.mode} (it is the adapter that mode=eval and mode=search load)")
     _check(ev.decoding in DECODINGS, "eval.decoding", ev.decoding, f"one of {DECODINGS}")
     _check(ev.beam_width >= 1, "eval.beam_width", ev.beam_width, "an integer >= 1")
     _check(ev.num_test_sets >= 1, "eval.num_test_sets", ev.num_test_sets, "an integer >= 1")
@@ -193,7 +348,18 @@ def validate(cfg: DictConfig) -> None:
 
     for key in ("sigma_direct", "sigma_reverse"):
         value = cfg.reward[key]
-        _check(value is None or value > 0, f"reward.{key}", value, "null or a number > 0")
+        _check(value is None or (isinstance(value, (int, float)) and value > 0), f"reward.{key}",
+               value, "null or a number > 0")
+
+    logger = typed["logger"]
+    _check(logger.name in LOGGERS, "logger", logger.name, f"one of {', '.join(LOGGERS)}")
+    _check(logger.mode in LOGGER_MODES, "logger.mode", logger.mode,
+           f"one of {', '.join(LOGGER_MODES)}")
+    _check(isinstance(cfg.skip_completed, bool), "skip_completed", cfg.skip_completed,
+           "true or false")
+    _check(isinstance(cfg.overwrite, bool), "overwrite", cfg.overwrite, "true or false")
+    _check_devices(cfg)
+    resume_setting(cfg.train.resume)
 
 
 def rollout_key(num_samples: int, beam_width: int) -> str:

@@ -18,31 +18,34 @@ from omegaconf import DictConfig
 
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
-from grammarrl.errors import DataError, GrammarRLError, ModelError
-from grammarrl.results import build_results, run_dir, write_results
+from grammarrl.errors import DataError
+from grammarrl.results import adapter_name, build_results, run_dir, write_results
 from grammarrl.tasks.base import Example, Task
 
 log = logging.getLogger(__name__)
 
 
+def load_evaluated_model(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) that mode=eval and mode=search score: the base model, with the
+    `eval.adapter` attached when set, in eval mode."""
+    from grammarrl.models import load_adapter, load_model
+
+    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
+    if cfg.eval.adapter:
+        model = load_adapter(model, cfg.eval.adapter)
+    model.eval()
+    return model, tokenizer
+
+
 def run_eval(cfg: DictConfig) -> dict[str, Any]:
     """Load the task, the model (plus `eval.adapter` if set), evaluate, write the results."""
-    from grammarrl.models import load_adapter, load_model
     from grammarrl.tasks import load_task
 
     out = run_dir(cfg)
     task = load_task(cfg)
-    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    if cfg.eval.adapter:
-        try:
-            model = load_adapter(model, cfg.eval.adapter)
-        except GrammarRLError:
-            raise
-        except Exception as err:  # a truncated or corrupt weights file (safetensors, torch)
-            raise ModelError(f"eval.adapter={cfg.eval.adapter}: the adapter weights cannot be "
-                             f"read ({type(err).__name__}: {str(err)[:200]})") from err
-    model.eval()
-    results = evaluate(cfg, model, tokenizer, task, cfg.eval.decoding, out)
+    model, tokenizer = load_evaluated_model(cfg)
+    results = evaluate(cfg, model, tokenizer, task, cfg.eval.decoding, out,
+                       adapter=cfg.eval.adapter)
     print(summary_line(results))
     return results
 
@@ -139,10 +142,12 @@ def evaluate(
     name: str = "results",
     beam_width: int | None = None,
     progress: bool = True,
+    adapter: str | Path | None = None,
 ) -> dict[str, Any]:
     """Decode the seeded test sets with `decoding` (greedy | beam), score each set, write
     `<out>/<name>.json` and the matching predictions file; returns the results record (with
-    `path`)."""
+    `path`). `adapter` is recorded as what produced the numbers: the adapter directory of
+    `model`, None for the frozen base model."""
     out = Path(out) if out is not None else run_dir(cfg)
     beam_width = int(beam_width if beam_width is not None else cfg.eval.beam_width)
     test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
@@ -193,7 +198,6 @@ def evaluate(
             )
 
     unique = list(outputs.values())
-    adapter = cfg.eval.adapter if "eval" in cfg else None
     results = build_results(
         task=task.name,
         model=cfg.model.name,
@@ -214,7 +218,7 @@ def evaluate(
         num_unique_examples=len(unique),
         batch_size=cfg.eval.batch_size,
         max_new_tokens=cfg.task.max_new_tokens,
-        adapter=str(adapter) if adapter else None,
+        adapter=adapter_name(adapter),
         seed=cfg.seed,
         device=str(decoder.device),
         dtype=str(getattr(model, "dtype", "")).removeprefix("torch."),

@@ -138,10 +138,80 @@ def load_tokenizer(model_cfg: DictConfig, cache_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     path = _weights_path(model_cfg, Path(cache_dir))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:  # hub unreachable, gated, or no usable tokenizer files
+        raise hub_error(path, err) from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+HUB_HELP = ("log in with `hf auth login` and accept the model's licence on the hub, or set "
+            "model.path to a local model directory; for offline use, HF_HUB_OFFLINE=1 with the "
+            "model already in the Hugging Face cache")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+def hub_error(path: str, err: Exception) -> ModelError:
+    """One line for a model that transformers could not load from `model.path`."""
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    return ModelError(f"cannot load model.path={path}: {first[:300]} ({type(err).__name__}); "
+                      f"{HUB_HELP}")
+
+
+def missing_model_files(directory: Path) -> list[str]:
+    """What a local model directory lacks for transformers: config, tokenizer, weights."""
+    missing = []
+    if not (directory / "config.json").is_file():
+        missing.append("config.json")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"a tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    if not any(any(directory.glob(pattern)) for pattern in WEIGHT_FILES):
+        missing.append(f"weights ({' or '.join(WEIGHT_FILES)})")
+    return missing
+
+
+def _looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id (`org/name`)."""
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def check_model_source(model_cfg: DictConfig) -> None:
+    """Before anything is loaded: the model's files can be found. A local `model.path` must be a
+    model directory, a hub id must be in the local cache when the hub is offline, and the
+    embedded GGUF (SmolLM2, and the tokenizer of `tiny`) must be installed."""
+    if model_cfg.source in ("embedded", "tiny"):
+        smollm2_gguf_path(model_cfg.path if model_cfg.source == "embedded" else SMOLLM2_GGUF)
+        return
+    path = str(model_cfg.path)
+    local = Path(path).expanduser()
+    if local.is_dir():
+        missing = missing_model_files(local)
+        if missing:
+            raise ModelError(
+                f"model.path={path}: the directory lacks {', '.join(missing)}; point model.path "
+                "at a Hugging Face model directory (e.g. one written by `hf download "
+                "meta-llama/Llama-3.2-1B-Instruct --local-dir DIR`)")
+    elif _looks_local(path) or local.exists():
+        raise ModelError(f"model.path={path}: no such directory (a local model directory or a "
+                         "hub id such as meta-llama/Llama-3.2-1B-Instruct)")
+    elif _hub_offline() and not _in_hub_cache(path):
+        raise ModelError(f"model.path={path}: not in the Hugging Face cache and the hub is "
+                         f"offline (HF_HUB_OFFLINE=1); {HUB_HELP}")
 
 
 def _weights_path(model_cfg: DictConfig, cache_dir: Path) -> str:
@@ -193,11 +263,7 @@ def load_model(
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except OSError as err:
-            raise ModelError(
-                f"cannot load model.path={path!r}: {err}. For hub models log in "
-                "(`hf auth login`, gated Llama licence) and download, or set model.path to a "
-                "local directory."
-            ) from err
+            raise hub_error(path, err) from err
     if dtype in (torch.bfloat16, torch.float16):
         float32_head(model)
     model.to(device_)
@@ -242,14 +308,19 @@ def add_lora(model: torch.nn.Module, lora_cfg: DictConfig) -> torch.nn.Module:
     return get_peft_model(model, config)
 
 
+def check_adapter_dir(adapter_dir: str | Path) -> Path:
+    """The directory of a saved PEFT adapter (`eval.adapter`); ModelError when it is not one."""
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise ModelError(f"eval.adapter={adapter_dir}: no adapter_config.json there")
+    return adapter_dir
+
+
 def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: bool = False):
     """Attach a saved PEFT adapter; a missing or mismatched adapter is a clear ModelError."""
     from peft import PeftModel
 
-    adapter_dir = Path(adapter_dir)
-    config_file = adapter_dir / "adapter_config.json"
-    if not config_file.is_file():
-        raise ModelError(f"eval.adapter={adapter_dir}: no adapter_config.json there")
+    adapter_dir = check_adapter_dir(adapter_dir)
     try:
         return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
     except (RuntimeError, ValueError, KeyError) as err:
@@ -257,6 +328,9 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: boo
             f"adapter {adapter_dir} does not fit this base model ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:300]})"
         ) from err
+    except Exception as err:  # a truncated or corrupt weights file (safetensors, torch)
+        raise ModelError(f"eval.adapter={adapter_dir}: the adapter weights cannot be read "
+                         f"({type(err).__name__}: {str(err)[:200]})") from err
 
 
 @contextlib.contextmanager

@@ -46,18 +46,22 @@ class ResultsWriteError(GrammarRLError):
     """A results file could not be written (e.g. disk full); the previous file is intact."""
 
 
+def hydra_run_dir() -> Path | None:
+    """The job's output directory when running under Hydra, else None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
 def run_dir(cfg: DictConfig | None = None) -> Path:
     """The run directory: Hydra's output dir when running under Hydra, else a fresh
     `outputs/<date>/<time>_<task>_<model>_<mode>` under the working directory."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            path = Path(HydraConfig.get().runtime.output_dir)
-            path.mkdir(parents=True, exist_ok=True)
-            return path
-    except (ImportError, ValueError):
-        pass
+    path = hydra_run_dir()
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
     now = datetime.now()
     parts = [now.strftime("%H-%M-%S")]
     if cfg is not None:
@@ -162,6 +166,12 @@ def config_dict(cfg: DictConfig | Mapping[str, Any] | None) -> dict[str, Any]:
         data = dict(cfg)
     data.pop("hydra", None)
     return data
+
+
+def adapter_name(adapter: str | Path | None) -> str | None:
+    """How results name the adapter that produced them: its absolute directory, None for the
+    frozen base model."""
+    return str(Path(adapter).absolute()) if adapter else None
 
 
 def build_results(

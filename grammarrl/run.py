@@ -1,29 +1,34 @@
 """Hydra entry point: `python -m grammarrl.run [mode=...] [task=...] [model=...] [overrides]`.
 
-Thin on purpose: validate the config, then hand it to the mode's function in the package.
+Thin on purpose: check the config and the run directory, then hand the config to the mode's
+function in the package, inside the job's W&B run.
 
-Reliability (for long runs and sweeps): a job whose run directory already holds `results.json`
-(written last by train, eval and search) is skipped (`skip_completed=false` runs it again); a job
-that fails writes `failed.json` (error, type, mode) into its run directory, removed once it
+Order of a job: the config is validated (unknown keys, bad values, contradictions) and the
+environment checked (W&B credentials, the model's files, a checkpoint to resume) before any
+model or data is loaded; then the run directory's record decides whether the job is skipped
+(its results exist under the same settings), continues, or is refused (`grammarrl.rundir`). A
+job that fails writes `failed.json` (error, type, mode) into its run directory, removed once it
 succeeds; in a multirun the failure is re-raised so Hydra records it and runs the other jobs.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from grammarrl.config import validate
-from grammarrl.errors import GrammarRLError
-from grammarrl.results import write_json
+from grammarrl import rundir, tracking
+from grammarrl.config import compose_job_config, validate
+from grammarrl.errors import ConfigError, GrammarRLError
+from grammarrl.results import hydra_run_dir, write_json
 
 log = logging.getLogger("grammarrl")
 
@@ -36,37 +41,50 @@ MODE_HANDLERS = {
     "search": "grammarrl.search.run:run_search",
 }
 
-
-COMPLETED = "results.json"  # written last by the modes that score outputs
 FAILED = "failed.json"
-SKIPPABLE_MODES = ("train", "eval", "search")
+TIMING = "timing.json"  # wall time of the job's last complete run (skipped re-runs keep it)
+
+
+def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> None:
+    """Checks of the environment a job needs, before any model or data is loaded and before
+    its run directory is touched: W&B credentials, the device, the model's files, the adapter to
+    evaluate, and (train) the checkpoint the run would resume from, unless the plan deletes it."""
+    from grammarrl.models import check_adapter_dir, check_model_source, resolve_device
+
+    tracking.check_logger(cfg)
+    resolve_device(cfg.device)
+    check_model_source(cfg.model)
+    if cfg.eval.adapter:
+        check_adapter_dir(cfg.eval.adapter)
+    if cfg.mode == "train" and out is not None and out / "checkpoints" not in plan.remove:
+        from grammarrl.train import resolve_resume
+
+        resolve_resume(cfg, out)
 
 
 def dispatch(cfg: DictConfig) -> object:
     """Validate the config and run its mode; raises GrammarRLError on user errors."""
     validate(cfg)
-    done = completed_results(cfg)
-    if done is not None:
-        return done
+    out = hydra_run_dir()
+    plan = rundir.plan_job(cfg, out) if out is not None else rundir.Plan()
+    if plan.done is not None:
+        return plan.done
+    preflight(cfg, out, plan)
+    if out is not None:
+        rundir.commit(cfg, out, plan)
     module_name, func_name = MODE_HANDLERS[cfg.mode].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name != module_name:
-            raise
-        raise GrammarRLError(f"mode={cfg.mode} is not built yet in this version of GrammarRL")
+    handler = getattr(importlib.import_module(module_name), func_name)
     started = time.time()
-    result = getattr(module, func_name)(cfg)
+    with tracking.job_run(cfg, out) as run:
+        result = handler(cfg)
+        tracking.log_results(run, result)
     record_timing(started)
     return result
 
 
-TIMING = "timing.json"  # wall time of the job's last complete run (skipped re-runs keep it)
-
-
 def record_timing(started: float) -> None:
     """Write `timing.json` (start, end, wall seconds) into the job's run directory."""
-    out = _hydra_run_dir()
+    out = hydra_run_dir()
     if out is not None:
         finished = time.time()
         write_json(out / TIMING, {
@@ -75,34 +93,9 @@ def record_timing(started: float) -> None:
             "wall_seconds": round(finished - started, 1)})
 
 
-def _hydra_run_dir() -> Path | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return None
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
-def completed_results(cfg: DictConfig) -> dict | None:
-    """The stored results when this job's run directory says it already completed, else None."""
-    out = _hydra_run_dir()
-    if out is None or cfg.mode not in SKIPPABLE_MODES or not cfg.get("skip_completed", True):
-        return None
-    path = out / COMPLETED
-    if not path.is_file():
-        return None
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # unreadable: run the job again (it is rewritten atomically)
-    log.warning("Skipping this job: %s exists (it completed before; skip_completed=false runs it "
-                "again)", path)
-    return results
-
-
 def record_failure(cfg: DictConfig, err: BaseException) -> None:
     """Write `<run dir>/failed.json` (best effort: the disk may be what failed)."""
-    out = _hydra_run_dir()
+    out = hydra_run_dir()
     if out is None:
         return
 
@@ -121,7 +114,7 @@ def record_failure(cfg: DictConfig, err: BaseException) -> None:
 
 
 def clear_failure() -> None:
-    out = _hydra_run_dir()
+    out = hydra_run_dir()
     if out is not None:
         (out / FAILED).unlink(missing_ok=True)
 
@@ -132,7 +125,8 @@ def main(cfg: DictConfig) -> object:
         result = dispatch(cfg)
     except GrammarRLError as err:
         log.error("%s", err)
-        record_failure(cfg, err)
+        if not isinstance(err, rundir.RunDirConflict):  # the directory's own job did not fail
+            record_failure(cfg, err)
         if _in_multirun():
             raise  # Hydra records the job as failed and the sweep's other jobs still run
         sys.exit(2)
@@ -150,5 +144,39 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-if __name__ == "__main__":
+def check_command_line(argv: list[str]) -> None:
+    """Refuse a single run's (or `--cfg`'s) bad config before Hydra starts: an unknown key,
+    with or without `+`, and every value `validate` checks. Exits 2 with one line naming the
+    key. Sweeps (`-m`) are checked job by job in `dispatch`; custom config paths by Hydra."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    custom = args.config_path or args.config_name or args.config_dir
+    if args.multirun or custom or args.help or args.hydra_help or args.info \
+            or args.shell_completion:
+        return
+    try:
+        cfg = compose_job_config(args.overrides)
+    except ConfigError as err:
+        _refuse(err)
+    except (HydraException, ValueError):
+        return  # Hydra reports its own composition errors (a missing group option, ...)
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        _refuse(err)
+
+
+def _refuse(err: ConfigError) -> NoReturn:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+def cli() -> None:
+    """`python -m grammarrl.run`: the command-line check, then Hydra's main."""
+    check_command_line(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -5,30 +5,40 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
+from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
 from grammarrl.models import add_lora, load_model, reference_mode
 from grammarrl.module import GrammarRLModule
-from grammarrl.results import ResultsWriteError, atomic_write, run_dir, write_jsonl
+from grammarrl.results import ResultsWriteError, atomic_write, config_dict, run_dir, write_jsonl
+from grammarrl.rundir import BOOKKEEPING, CONTINUABLE, describe, differing_keys
+from grammarrl.tracking import current_run
 
 log = logging.getLogger(__name__)
 
 
-def resolve_sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any) -> tuple[float, float]:
-    """σ's from config, calibration file or paper table; otherwise calibrate now and store."""
-    found = lookup_sigmas(cfg)
+def resolve_sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any,
+                   resume: Resume | None = None) -> tuple[float, float]:
+    """The σ's a resumed checkpoint was trained with (under this run's config: `resolve_resume`
+    checked it); else from config, calibration file or paper table; otherwise calibrate now
+    and store."""
+    if resume is not None:
+        found = (*resume.sigmas, f"the checkpoint {resume.path}")
+    else:
+        found = lookup_sigmas(cfg)
     if found is None:
-        log.info("No σ's for %s: calibrating on %d dev inputs first",
-                 calibration_key(cfg), cfg.task.dev_size)
+        log.info("No σ's for %s under this run's settings: calibrating first",
+                 calibration_key(cfg))
         entry = calibrate(cfg, model, tokenizer, task)
         store_sigmas(cfg, entry)
         found = entry["sigma_direct"], entry["sigma_reverse"], "calibrated now"
@@ -38,31 +48,18 @@ def resolve_sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task
 
 
 def build_loggers(cfg: DictConfig, out: Path) -> list:
-    """CSV metrics in the run directory, plus W&B (offline by default) when configured."""
+    """CSV metrics in the run directory, plus the job's W&B run (`grammarrl.tracking`)."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
     loggers: list = [CSVLogger(save_dir=str(out), name="", version="metrics")]
-    if cfg.logger.name == "wandb":
-        rollout = cfg.rollout
-        tags = [f"task={cfg.task.name}", f"model={cfg.model.name}", f"lambda={cfg['lambda']}",
-                f"N={rollout.num_samples}", f"B={rollout.beam_width}", "decoding=greedy",
-                *cfg.logger.tags]
-        loggers.append(WandbLogger(
-            project=cfg.logger.project, group=cfg.logger.group or sweep_group(), tags=tags,
-            mode=cfg.logger.mode,
-            save_dir=str(out), config=OmegaConf.to_container(cfg, resolve=True),
-        ))
+    run = current_run()
+    if run is not None:
+        loggers.append(WandbLogger(experiment=run))
+    elif cfg.logger.name == "wandb":
+        log.warning("logger=wandb, but no W&B run was started for this job (run_train called "
+                    "outside `python -m grammarrl.run`): metrics go to %s only",
+                    out / "metrics")
     return loggers
-
-
-def sweep_group() -> str | None:
-    """Runs of one Hydra multirun share a W&B group: the sweep directory."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return str(HydraConfig.get().sweep.dir)
-    return None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -82,31 +79,69 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                                  "the previous checkpoint there is intact") from err.__cause__
 
 
-def resolve_resume(cfg: DictConfig, out: Path) -> str | None:
+RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
+
+
+class RecordSettings(L.Callback):
+    """Store the run's resolved config and σ's in every checkpoint, so that a resume can be
+    checked against the settings the checkpoint was trained with."""
+
+    def __init__(self, cfg: DictConfig):
+        self.config = config_dict(cfg)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_RECORD] = {"config": self.config,
+                                  "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse]}
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A checkpoint this run continues from."""
+
+    path: Path
+    step: int  # optimizer steps it holds
+    sigmas: tuple[float, float]  # the σ's it was trained with
+    changes: str = ""  # settings changed since that a resume allows (`CONTINUABLE`), logged
+
+
+def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
     """The checkpoint to resume from: `train.resume=auto` (default) takes `<run>/checkpoints/
     last.ckpt` when it exists (a restarted run with the same run dir), null starts afresh, a
-    path must be a readable checkpoint. A corrupt or truncated checkpoint is a ModelError."""
-    value = cfg.train.resume
-    if value is None or str(value).lower() in ("null", "none", "false"):
+    path must be a checkpoint. It must have been trained with this run's settings, except the
+    `CONTINUABLE` ones (more steps, evaluation): a ConfigError names those that differ. A
+    corrupt or truncated checkpoint is a ModelError."""
+    setting = resume_setting(cfg.train.resume)
+    if setting is None:
         return None
-    if str(value) == "auto":
-        path = out / "checkpoints" / "last.ckpt"
+    path = out / "checkpoints" / "last.ckpt" if setting == "auto" else Path(setting)
+    if setting == "auto":
         for stale in path.parent.glob(".*.tmp"):  # a write cut by a kill
             stale.unlink(missing_ok=True)
         if not path.is_file():
             return None
-    else:
-        path = Path(str(value))
-        if not path.is_file():
-            raise ConfigError(f"train.resume={value}: no such checkpoint file "
-                              "(expected auto, null or the path of a .ckpt file)")
-    step = inspect_checkpoint(path)
-    log.info("Resuming from %s (%d steps done)", path, step)
-    return str(path)
+    ckpt = read_checkpoint(path)
+    step, record = int(ckpt["global_step"]), ckpt.get(RUN_RECORD)
+    if record is None:
+        raise ConfigError(f"train.resume={cfg.train.resume}: {path} records no training settings "
+                          "(written by an older GrammarRL), so the resume cannot be checked; "
+                          "train.resume=null starts afresh")
+    new = config_dict(cfg)
+    changed = differing_keys(record["config"], new, ignore=(*BOOKKEEPING, *CONTINUABLE))
+    if changed:
+        raise ConfigError(
+            f"train.resume={cfg.train.resume}: {path} was trained with other settings: "
+            f"{describe(record['config'], new, changed)}; resume with the same settings, or "
+            "start afresh (train.resume=null, in a new directory)")
+    if cfg.optim.max_steps < step:
+        raise ConfigError(f"optim.max_steps={cfg.optim.max_steps} is below the {step} steps "
+                          f"{path} already holds: resume with optim.max_steps >= {step}")
+    changes = describe(record["config"], new, differing_keys(record["config"], new))
+    return Resume(path, step, tuple(record["sigmas"]), changes)
 
 
-def inspect_checkpoint(path: Path) -> int:
-    """The global step of a training checkpoint; ModelError if it cannot be read as one."""
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A training checkpoint (tensors memory-mapped); ModelError if it cannot be read as one."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as err:  # truncated zip, garbage, pickle errors: all mean "unreadable"
@@ -116,7 +151,7 @@ def inspect_checkpoint(path: Path) -> int:
             "or pass train.resume=null or another checkpoint") from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         raise ModelError(f"{path} is not a GrammarRL training checkpoint (no state_dict/global_step)")
-    return int(ckpt["global_step"])
+    return ckpt
 
 
 METRICS_KEPT = "metrics.resumed.csv"
@@ -161,19 +196,30 @@ def merge_metrics(out: Path) -> None:
         kept.unlink()
 
 
+def trainer_placement(cfg: DictConfig) -> tuple[str, Any]:
+    """Lightning's (accelerator, devices): those of `device`, where the model was loaded
+    (`trainer.accelerator=auto` follows it; validation refuses a contradiction)."""
+    if device_type(cfg.device) == "cpu":
+        return "cpu", cfg.trainer.devices
+    index = str(cfg.device).partition(":")[2]
+    return "gpu", [int(index)] if index and cfg.trainer.devices == 1 else cfg.trainer.devices
+
+
 def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
     """A Lightning Trainer from the trainer/optim config groups."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
                                  every_n_train_steps=cfg.trainer.checkpoint_every_n_steps)
+    accelerator, devices = trainer_placement(cfg)
     return L.Trainer(
-        accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices,
+        accelerator=accelerator, devices=devices,
         strategy=cfg.trainer.strategy, max_steps=cfg.optim.max_steps,
         gradient_clip_val=cfg.optim.grad_clip, val_check_interval=cfg.trainer.val_check_interval,
         check_val_every_n_epoch=None, num_sanity_val_steps=0,
         log_every_n_steps=cfg.trainer.log_every_n_steps, logger=build_loggers(cfg, out),
-        callbacks=[checkpoint], default_root_dir=str(out), enable_model_summary=False,
+        callbacks=[checkpoint, RecordSettings(cfg)], default_root_dir=str(out),
+        enable_model_summary=False,
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the step-indexed batch sampler already splits by rank
     )
@@ -186,18 +232,21 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
 
     L.seed_everything(cfg.seed, workers=True)
     out = run_dir(cfg)
+    resume = resolve_resume(cfg, out)
+    if resume is not None:
+        log.info("Resuming from %s (%d steps done)%s", resume.path, resume.step,
+                 f"; changed since: {resume.changes}" if resume.changes else "")
+        stash_metrics(out, resume.step)
     task = load_task(cfg)
     task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)  # an empty test pool
     # fails now, not after hours of training
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task)
+    sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task, resume)
     policy = add_lora(model, cfg.lora)
     module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
-    resume = resolve_resume(cfg, out)
-    if resume is not None:
-        stash_metrics(out, inspect_checkpoint(Path(resume)))
     trainer = build_trainer(cfg, out)
-    trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task), ckpt_path=resume)
+    trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task),
+                ckpt_path=str(resume.path) if resume is not None else None)
     # The final step, resumable. Not reached when fit raised (e.g. a non-finite loss), so
     # last.ckpt then stays the last good periodic checkpoint.
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
@@ -205,19 +254,22 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
         return {}
     merge_metrics(out)
 
-    policy.save_pretrained(out / "adapter")
+    adapter = out / "adapter"
+    policy.save_pretrained(adapter)
     _save_samples(trainer, module.samples, out)
     policy.eval()
     # results.json (greedy) is written last: its presence marks the run as complete (a sweep
     # re-run skips the job), so a crash before it re-runs the evaluations on restart.
     results = {}
     if cfg.train.eval_beam:
-        results["beam"] = evaluate(cfg, policy, tokenizer, task, "beam", out, name="results_beam")
+        results["beam"] = evaluate(cfg, policy, tokenizer, task, "beam", out, name="results_beam",
+                                   adapter=adapter)
     if cfg.train.eval_baseline:
         with reference_mode(policy):
             results["baseline"] = evaluate(cfg, policy, tokenizer, task, "greedy", out,
                                            name="results_baseline")
-    results = {"greedy": evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results"),
+    results = {"greedy": evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results",
+                                  adapter=adapter),
                **results}
     _print_summary(results)
     return results

@@ -60,3 +60,37 @@ def test_sigmas_measured_with_other_prompts_are_not_reused(tmp_path, caplog):
     store_sigmas(cfg, legacy)  # written before prompt settings were recorded
     assert lookup_sigmas(cfg) is None
     assert "num_fewshot=unrecorded" in caplog.text
+
+
+def test_entries_are_keyed_by_dev_size_and_kept_side_by_side(tmp_path, caplog):
+    small = _cfg(tmp_path, "task=conll", "model=smollm2", "task.dev_size=16")
+    store_sigmas(small, {"sigma_direct": 0.6, "sigma_reverse": 0.1, **calibration_conditions(small)})
+    assert lookup_sigmas(_cfg(tmp_path, "task=conll", "model=smollm2", "task.dev_size=100")) is None
+    assert "dev_size=16 (this run: 100)" in caplog.text
+    short = _cfg(tmp_path, "task=conll", "model=smollm2", "task.dev_size=16",
+                 "task.max_new_tokens=32")
+    path = store_sigmas(short, {"sigma_direct": 0.7, "sigma_reverse": 0.2,
+                                **calibration_conditions(short)})
+    assert lookup_sigmas(small)[:2] == (0.6, 0.1) and lookup_sigmas(short)[:2] == (0.7, 0.2)
+    store_sigmas(small, {"sigma_direct": 0.65, "sigma_reverse": 0.15,
+                         **calibration_conditions(small)})  # measured again: replaces its own
+    assert lookup_sigmas(small)[:2] == (0.65, 0.15)
+    assert len(json.loads(path.read_text())["conll/smollm2/n3_b3"]) == 2
+
+
+def test_calibration_log_states_the_real_number_of_inputs(tiny, tmp_path, caplog):
+    import logging
+
+    from grammarrl.calibration import calibrate
+    from grammarrl.tasks import load_task
+
+    model, tok = tiny
+    cfg = _cfg(tmp_path, "model=tiny", "task=conll", "data.dir=null", "task.dev_size=100",
+               "task.max_new_tokens=8", "rollout.num_samples=2", "rollout.beam_width=1")
+    task = load_task(cfg)
+    held = len(task.splits().dev)
+    with caplog.at_level(logging.INFO):
+        entry = calibrate(cfg, model, tok, task)
+    assert held < 100 and entry["num_inputs"] == held and entry["dev_size"] == 100
+    assert (f"calibrating conll/tiny/n2_b1 on {held} dev inputs (task.dev_size=100; the dev "
+            f"split holds {held})") in caplog.text

@@ -101,3 +101,57 @@ def test_cli_unknown_model_is_refused():
     out = _cli("model=70b")
     assert out.returncode != 0
     assert "model/70b" in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["logger.mode=loud"], "logger.mode"),
+        (["logger.mode=online"], "logger.mode"),  # no W&B credentials here
+        (["device=cpu", "trainer.accelerator=gpu"], "trainer.accelerator"),
+        (["train.resume=/nonexistent.ckpt"], "train.resume"),
+        (["+nonsense=1"], "nonsense"),
+        (["+optim.maxsteps=1"], "optim.maxsteps"),
+        (["eval.adapter=/some/adapter"], "eval.adapter"),  # mode=train evaluates its own
+    ],
+)
+def test_bad_values_are_refused_before_any_model_loads(overrides, key, tmp_path, monkeypatch):
+    from grammarrl.run import dispatch
+
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("data or a model was loaded before the config was refused")
+
+    monkeypatch.setattr("grammarrl.tasks.load_task", loaded)
+    monkeypatch.setattr("grammarrl.models.load_model", loaded)
+    with pytest.raises(ConfigError) as err:
+        dispatch(compose_config(["model=tiny", "logger=wandb", *overrides]))
+    assert str(err.value).startswith(key) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--cfg", "job", "+optim.maxsteps=1"],
+         "optim.maxsteps: unknown config key (did you mean optim.max_steps?)"),
+        (["+nonsense=1"], "nonsense: unknown config key (no known key is close"),
+        (["+lamda=0.3"], "lamda: unknown config key (did you mean lambda?)"),
+        (["mode=search", "search.adapter=/x"],
+         "search.adapter: unknown config key (did you mean eval.adapter?)"),
+        (["logger.mode=loud"], "logger.mode='loud' is invalid: expected one of offline, online"),
+    ],
+)
+def test_cli_refuses_unknown_keys_and_bad_values_in_one_line(args, line):
+    out = _cli(*args, "model=tiny")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [out.stderr.strip()]  # one line, no traceback
+    assert out.stderr.startswith(f"error: {line}")
+
+
+def test_hydra_and_experiment_keys_still_compose():
+    out = _cli("--cfg", "job", "+experiment=tiny_scale", "hydra.run.dir=/tmp/somewhere")
+    assert out.returncode == 0, out.stderr
+    assert "name: tiny" in out.stdout

@@ -26,7 +26,7 @@ import grammarrl.module
 from grammarrl.data.sources import SAMPLES_DIR
 from grammarrl.errors import ConfigError, DataError, GrammarRLError, ModelError
 from grammarrl.module import NonFiniteLossError
-from grammarrl.results import ResultsWriteError, write_json, write_results
+from grammarrl.results import ResultsWriteError, config_dict, write_json, write_results
 from grammarrl.tasks import load_task
 from grammarrl.train import AtomicCheckpointIO, resolve_resume, run_train
 from tests.conftest import compose_config
@@ -47,9 +47,9 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grammarrl.run", *args], cwd=cwd,
-                          env=clean_env(), capture_output=True, text=True, check=False)
+                          env={**clean_env(), **env}, capture_output=True, text=True, check=False)
 
 
 def train_in(work: Path, overrides: list[str]) -> tuple[Path, object]:
@@ -117,6 +117,190 @@ def test_failure_record_is_removed_once_the_job_succeeds(tmp_path):
     ok = cli(*args)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert (run / "results.json").is_file() and not (run / "failed.json").exists()
+
+
+# ----- no result is ever shown under settings it was not produced with -------------------------
+TINY_SWEEP = ["+experiment=tiny_scale", "optim.max_steps=1", "eval.num_test_sets=1"]
+
+
+def sweep_labels(sweep_dir: Path) -> list[str]:
+    """The row labels of the aggregated sweep table."""
+    from experiments import aggregate as agg
+
+    agg.aggregate("sweep", [sweep_dir])
+    table = (sweep_dir / "aggregate" / "sweep.md").read_text()
+    return sorted(line.split("|")[1].strip() for line in table.splitlines()
+                  if line.startswith("| λ="))
+
+
+def test_each_sweep_job_logs_its_own_finished_wandb_run(tmp_path, monkeypatch):
+    """A multirun in one process, as Hydra's basic launcher runs it: every job gets its own W&B
+    run with its own config and tags in the sweep's group, finished before the next starts."""
+    import runpy
+
+    import wandb
+    from hydra.core.hydra_config import HydraConfig
+
+    started, summaries = [], {}
+    real_init, real_finish = wandb.init, wandb.Run.finish
+
+    def init(*args, **kwargs):
+        started.append((kwargs, real_init(*args, **kwargs)))
+        return started[-1][1]
+
+    def finish(run, *args, **kwargs):
+        summaries[run.id] = dict(run.summary)  # not readable once finished
+        return real_finish(run, *args, **kwargs)
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb.Run, "finish", finish)
+    monkeypatch.delenv("GRAMMARRL_DATA_DIR", raising=False)
+    monkeypatch.setattr(sys, "argv", [
+        "grammarrl.run", "-m", *TINY_SWEEP, "logger=wandb", "lambda=0,1",
+        f"hydra.sweep.dir={tmp_path}", "hydra/job_logging=none",
+        "hydra/hydra_logging=none"])
+    try:
+        runpy.run_module("grammarrl.run", run_name="__main__")  # python -m grammarrl.run
+    finally:
+        HydraConfig.instance().cfg = None  # later tests run outside Hydra
+    assert [kwargs["config"]["lambda"] for kwargs, _ in started] == [0, 1]
+    for job, (kwargs, run) in enumerate(started):
+        assert run._is_finished, f"job {job}'s W&B run was left open"
+        assert kwargs["group"] == str(tmp_path) and f"lambda={job}" in kwargs["tags"]
+        assert len(list((tmp_path / str(job) / "wandb").glob("offline-run-*"))) == 1
+        assert summaries[run.id]["results/mean"] == json.loads(
+            (tmp_path / str(job) / "results.json").read_text())["mean"]
+
+
+def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    first = cli("-m", *TINY_SWEEP, "lambda=0,1", f"hydra.sweep.dir={sweep_dir}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    results = {p: p.read_bytes() for p in sweep_dir.glob("*/results.json")}
+    hydra_files = {p: p.read_text() for p in sweep_dir.glob("*/.hydra/*.yaml")}
+    assert len(results) == 2 and sweep_labels(sweep_dir) == ["λ=0", "λ=1"]
+
+    again = cli("-m", *TINY_SWEEP, "lambda=0.25,0.75", f"hydra.sweep.dir={sweep_dir}")
+    text = again.stdout + again.stderr
+    assert again.returncode != 0 and "Skipping" not in text
+    assert "holds outputs produced with other settings: lambda=0 (now 0.25)" in text
+    assert "lambda=1 (now 0.75)" in text and "overwrite=true" in text
+    assert {p: p.read_bytes() for p in results} == results
+    assert {p: p.read_text() for p in hydra_files} == hydra_files  # .hydra/ put back
+    assert not list(sweep_dir.glob("*/failed.json"))  # the jobs there did not fail
+    assert sweep_labels(sweep_dir) == ["λ=0", "λ=1"]
+
+    replaced = cli("-m", *TINY_SWEEP, "lambda=0.25,0.75", "overwrite=true",
+                   f"hydra.sweep.dir={sweep_dir}")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert sweep_labels(sweep_dir) == ["λ=0.25", "λ=0.75"]
+
+
+def test_run_dir_holds_one_job_and_training_continues_with_more_steps(tmp_path):
+    run = tmp_path / "run"
+    train = [*TINY_SWEEP, f"hydra.run.dir={run}"]
+    assert cli(*train).returncode == 0
+    results = (run / "results.json").read_bytes()
+    for extra in ([], ["skip_completed=false"], ["overwrite=true"]):
+        evaluated = cli("mode=eval", "model=tiny", "logger=none", *extra, f"hydra.run.dir={run}")
+        assert evaluated.returncode == 2, extra
+        assert "holds the outputs of a mode=train run; mode=eval would write its results on " \
+               "top of them" in evaluated.stdout + evaluated.stderr
+    assert (run / "results.json").read_bytes() == results
+    assert "mode: train" in (run / ".hydra" / "config.yaml").read_text()
+
+    more = cli(*train, "optim.max_steps=2")
+    text = more.stdout + more.stderr
+    assert more.returncode == 0, text[-3000:]
+    assert "Continuing the training run" in text and "optim.max_steps=1 (now 2)" in text
+    assert "Resuming from" in text and "(1 steps done)" in text
+    assert json.loads((run / "results.json").read_text())["config"]["optim"]["max_steps"] == 2
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    same = cli(*train, "optim.max_steps=2")
+    assert "Skipping this job" in same.stdout + same.stderr
+
+
+def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monkeypatch, caplog):
+    out, results = train_in(tmp_path, ["optim.max_steps=2"])
+    assert isinstance(results, dict), results
+    ckpt = f"train.resume={out / 'checkpoints' / 'last.ckpt'}"
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("grammarrl.train.load_model", no_model)
+    refused = {
+        ("lambda=1", "rollout.num_samples=2"): ("lambda=0.5 (now 1)",
+                                                "rollout.num_samples=3 (now 2)"),
+        ("beta=0.1", "rollout.temperature=0.7"): ("beta=0.02 (now 0.1)",
+                                                  "rollout.temperature=1.0 (now 0.7)"),
+        ("rollout.length_penalty=0", "rollout.beam_width=2"): (
+            "rollout.length_penalty=1.0 (now 0)", "rollout.beam_width=3 (now 2)"),
+        ("lora.r=8", "optim.lr=0.01", "task.num_fewshot=2", "data.split_seed=1"): (
+            "lora.r=64 (now 8)", "optim.lr=0.001 (now 0.01)", "task.num_fewshot=10 (now 2)",
+            "data.split_seed=0 (now 1)"),
+    }
+    for overrides, named in refused.items():
+        _, err = train_in(tmp_path, ["optim.max_steps=3", ckpt, *overrides])
+        assert isinstance(err, ConfigError) and str(err).startswith("train.resume="), err
+        assert all(name in str(err) for name in named), err
+    _, err = train_in(tmp_path, ["optim.max_steps=1", ckpt])
+    assert isinstance(err, ConfigError) and "optim.max_steps=1 is below the 2 steps" in str(err)
+
+    monkeypatch.undo()
+    with caplog.at_level(logging.INFO):
+        _, extended = train_in(tmp_path, ["optim.max_steps=3", ckpt])
+    assert isinstance(extended, dict), extended
+    assert "(2 steps done); changed since: optim.max_steps=2 (now 3)" in caplog.text
+
+
+def test_hub_model_out_of_reach_is_one_line_naming_model_path(tmp_path):
+    offline = cli("task=wos", "model=8b", "lambda=0.25", "logger=none",
+                  f"hydra.run.dir={tmp_path / 'run'}", HF_HUB_OFFLINE="1",
+                  HF_HOME=str(tmp_path / "hf"))
+    text = offline.stdout + offline.stderr
+    assert offline.returncode == 2 and "Traceback" not in text, text[-3000:]
+    (line,) = [line for line in text.splitlines() if "model.path" in line]
+    assert "model.path=meta-llama/Llama-3.1-8B-Instruct" in line
+    assert "hf auth login" in line and "HF_HUB_OFFLINE=1" in line
+
+
+def test_hub_model_failing_to_load_is_one_line_naming_model_path(monkeypatch):
+    import transformers
+
+    from grammarrl.models import load_tokenizer
+
+    def unreachable(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\n"
+                      "Check your internet connection.")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    with pytest.raises(ModelError) as err:
+        load_tokenizer(compose_config(["model=1b"]).model, "/nowhere")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(
+        "cannot load model.path=meta-llama/Llama-3.2-1B-Instruct: We couldn't connect")
+    assert "hf auth login" in message and "HF_HUB_OFFLINE=1" in message
+
+
+def test_model_dir_without_a_model_says_what_it_lacks(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = cli("mode=eval", "model=1b", f"model.path={empty}", "logger=none",
+               f"hydra.run.dir={tmp_path / 'run'}")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in text, text[-3000:]
+    assert (f"model.path={empty}: the directory lacks config.json, a tokenizer (tokenizer.json "
+            "or tokenizer.model), weights (*.safetensors or pytorch_model*.bin)") in text
+    from grammarrl.models import check_model_source
+
+    (empty / "config.json").write_text("{}")
+    (empty / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelError, match=r"lacks a tokenizer \(tokenizer.json or tokenizer."
+                                         r"model\); point model.path"):
+        check_model_source(compose_config(["model=1b", f"model.path={empty}"]).model)
+    with pytest.raises(ModelError, match=r"model.path=/no/such/dir: no such directory"):
+        check_model_source(compose_config(["model=1b", "model.path=/no/such/dir"]).model)
 
 
 # ----- atomic writes under a full disk ---------------------------------------------------------
@@ -192,16 +376,13 @@ def test_truncated_data_files_are_counted_skips_with_file_and_line(copy_samples,
 
 
 def test_unknown_config_keys_are_refused_with_their_name(tmp_path):
-    typo = cli("lamda=0.3", "model=tiny")  # Hydra: not in the config
-    assert typo.returncode != 0 and "Traceback" not in typo.stderr
-    assert "Key 'lamda' is not in struct" in typo.stderr
-    # Added to a group: the schema refuses it, naming it (exit 2, failure recorded).
-    added = cli("+optim.momentum=0.9", "model=tiny", f"hydra.run.dir={tmp_path}")
+    typo = cli("lamda=0.3", "model=tiny", f"hydra.run.dir={tmp_path / 'typo'}")
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr
+    assert "lamda: unknown config key (did you mean lambda?)" in typo.stderr
+    added = cli("+optim.momentum=0.9", "model=tiny", f"hydra.run.dir={tmp_path / 'added'}")
     assert added.returncode == 2 and "Traceback" not in added.stderr
-    assert "optim.momentum: Key 'momentum' not in 'OptimSchema'" in added.stdout + added.stderr
-    assert json.loads((tmp_path / "failed.json").read_text())["type"] == "ConfigError"
-    with pytest.raises(ConfigError, match=r"^train.resume=/nowhere.ckpt: no such checkpoint"):
-        resolve_resume(compose_config(["train.resume=/nowhere.ckpt"]), Path("/tmp"))
+    assert "optim.momentum: unknown config key" in added.stderr
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "added").exists()  # no run dir
 
 
 def test_empty_test_set_fails_before_training(copy_samples, tmp_path):
@@ -212,11 +393,14 @@ def test_empty_test_set_fails_before_training(copy_samples, tmp_path):
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    from grammarrl.train import RUN_RECORD
+
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
-    AtomicCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}}, ckpt)
     cfg = compose_config([])  # train.resume=auto
-    assert resolve_resume(cfg, tmp_path / "run") == str(ckpt)
+    AtomicCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}, RUN_RECORD: {
+        "config": config_dict(cfg), "sigmas": [1.0, 1.0]}}, ckpt)
+    assert resolve_resume(cfg, tmp_path / "run").path == ckpt
     (ckpt.parent / ".last.ckpt.abc.tmp").write_bytes(b"half")  # a write cut by a kill
     data = ckpt.read_bytes()
     ckpt.write_bytes(data[: len(data) // 2])
@@ -245,12 +429,12 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path,
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
     assert not (out / "adapter").exists() and not (out / "results.json").exists()
 
-    # A mismatched checkpoint (another base model size) is refused, naming the mismatch.
+    # A checkpoint of another base model size is refused, naming the setting that differs.
     monkeypatch.undo()
     _, mismatch = train_in(tmp_path, ["optim.max_steps=4", "model.hidden_size=32",
                                       f"train.resume={out / 'checkpoints' / 'last.ckpt'}"])
-    assert isinstance(mismatch, ModelError) and "does not fit this model" in str(mismatch)
-    assert "wrong shape" in str(mismatch)
+    assert isinstance(mismatch, ConfigError), mismatch
+    assert "model.hidden_size=64 (now 32)" in str(mismatch)
 
 
 def test_truncated_candidates_are_flagged_not_fatal(tmp_path):

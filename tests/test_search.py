@@ -499,7 +499,7 @@ def test_run_search_end_to_end_writes_results_and_pairs_rerank_with_is(tiny, tmp
 
 
 def test_adapter_proposal_with_reference_potentials(tiny, tmp_path, monkeypatch):
-    """search.adapter: the trained adapter is the LM of the proposal (particles change), while
+    """eval.adapter: the trained adapter is the LM of the proposal (particles change), while
     the reverse potential is still pi_ref's (adapter disabled: same values as the base model)."""
     import copy
 
@@ -541,7 +541,7 @@ def test_adapter_proposal_with_reference_potentials(tiny, tmp_path, monkeypatch)
         "grammarrl.models.load_model", lambda *args, **kwargs: (copy.deepcopy(model), tok)
     )
     plain = run_search(cfg)
-    cfg.search.adapter = str(adapter_dir)
+    cfg.eval.adapter = str(adapter_dir)
     adapted = run_search(cfg)
     assert adapted["adapter"] == str(adapter_dir) and plain["adapter"] is None
 

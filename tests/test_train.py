@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
 
 def test_calibrated_first_and_stored(trained):
     work, _, _ = trained
-    entry = json.loads((work / "calibration.json").read_text())["conll/tiny/n3_b3"]
+    (entry,) = json.loads((work / "calibration.json").read_text())["conll/tiny/n3_b3"]
     assert entry["num_inputs"] >= 1 and entry["sigma_direct"] > 0 and entry["sigma_reverse"] > 0
 
 
@@ -75,3 +75,10 @@ def test_results_written_for_trained_and_baseline(trained):
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 3
     assert all("lora_" in k for k in ckpt["state_dict"])  # only the adapter, not the base
+
+
+def test_results_name_the_adapter_that_produced_them(trained):
+    _, out, _ = trained
+    adapter = json.loads((out / "results.json").read_text())["adapter"]
+    assert adapter == str((out / "adapter").absolute())
+    assert json.loads((out / "results_baseline.json").read_text())["adapter"] is None

@@ -2,7 +2,7 @@
 Methods") on the seeded test sets, scored like mode=eval.
 
     python -m grammarrl.run mode=search search.method=rerank|is|smc search.particles=10 \
-        [search.potential=reverse|task|none] [search.adapter=PATH]
+        [search.potential=reverse|task|none] [eval.adapter=PATH]
 
 Each distinct test example is decoded once: N particles from the grammar-constrained proposal
 (`grammarrl.decoding.smc`), weighted by p/q (exact local-masking weights) times the expensive
@@ -30,8 +30,8 @@ from omegaconf import DictConfig
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, smc
-from grammarrl.evaluate import decode_examples, is_valid
-from grammarrl.results import build_results, mean_std, run_dir, write_results
+from grammarrl.evaluate import decode_examples, is_valid, load_evaluated_model
+from grammarrl.results import adapter_name, build_results, mean_std, run_dir, write_results
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
 from grammarrl.tasks.base import Example, Task
@@ -40,16 +40,12 @@ log = logging.getLogger(__name__)
 
 
 def run_search(cfg: DictConfig) -> dict[str, Any]:
-    """Load the task, the model (plus `search.adapter` as the proposal if set), search, write."""
-    from grammarrl.models import load_adapter, load_model
+    """Load the task, the model (plus `eval.adapter` as the proposal if set), search, write."""
     from grammarrl.tasks import load_task
 
     out = run_dir(cfg)
     task = load_task(cfg)
-    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    if cfg.search.adapter:
-        model = load_adapter(model, cfg.search.adapter)
-    model.eval()
+    model, tokenizer = load_evaluated_model(cfg)
     results = search(cfg, model, tokenizer, task, out)
     print(summary_line(results))
     return results
@@ -274,7 +270,6 @@ def search(
             "cost_tokens_generation": search_tokens / max(greedy["forward_tokens"], 1),
             "greedy_baseline": greedy,
         }
-    adapter = s.adapter
     results = build_results(
         task=task.name,
         model=cfg.model.name,
@@ -290,7 +285,7 @@ def search(
         potential=potential_name,
         ess_threshold=float(s.ess_threshold) if method == "smc" else 0.0,
         temperature=float(s.temperature),
-        adapter=str(adapter) if adapter else None,
+        adapter=adapter_name(cfg.eval.adapter),
         **extra,
         diagnostics=diagnostics,
         selections={m: {"scores": v, "mean": mean_std(v)[0]} for m, v in selections.items()},

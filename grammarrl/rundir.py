@@ -1,0 +1,178 @@
+"""The record of a run directory: the mode and resolved settings its outputs were produced with.
+
+`<run dir>/job.json` is written when a job starts there; every later job in the same directory
+(a restarted run, a re-run sweep) is compared with it before it may touch the outputs:
+
+- same mode and settings, results present: the job is skipped (`skip_completed=false` runs it
+  again); without results (a killed or failed job) it runs and training resumes;
+- another mode: refused, whatever `overwrite` says: a directory holds one job's results;
+- other settings: refused, naming the keys that differ, unless `overwrite=true` (the outputs
+  are then deleted first). A training run may continue under changed `CONTINUABLE` keys
+  (more steps, other evaluation settings): its stale results are removed and it resumes.
+
+On refusal Hydra has already rewritten `.hydra/` with the refused job's config; the files are
+restored from the record, so the directory keeps describing its own outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from omegaconf import DictConfig
+
+from grammarrl.errors import GrammarRLError
+from grammarrl.results import config_dict, write_json
+
+log = logging.getLogger(__name__)
+
+RECORD = "job.json"
+COMPLETED = "results.json"  # written last by the modes that score outputs
+RECORDED_MODES = ("train", "eval", "search", "calibrate")  # modes that write into the run dir
+SKIPPABLE_MODES = ("train", "eval", "search")
+# Keys that change no number a job writes: never compared.
+BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume")
+# Keys a training run may change and still continue from its checkpoint (logged when changed).
+# Its σ's come from the checkpoint, so where the calibration file lives does not matter either.
+CONTINUABLE = ("optim.max_steps", "eval", "train.eval_baseline", "train.eval_beam",
+               "train.share_prefix", "train.gradient_checkpointing", "trainer.val_check_interval",
+               "trainer.val_size", "trainer.checkpoint_every_n_steps", "trainer.log_every_n_steps",
+               "cache_dir", "reward.calibration_file")
+RESULTS = ("results*.json", "predictions*.jsonl")
+OUTPUTS = (*RESULTS, "checkpoints", "adapter", "metrics", "samples.jsonl", "calibration.json",
+           "timing.json")
+HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
+
+
+class RunDirConflict(GrammarRLError):
+    """The run directory holds outputs of another mode or other settings."""
+
+
+@dataclass
+class Plan:
+    """What a job does with its run directory."""
+
+    done: dict[str, Any] | None = None  # the stored results: the job is skipped
+    remove: list[Path] = field(default_factory=list)  # outputs deleted before the job runs
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (lists are values)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _under(key: str, prefixes: Sequence[str]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
+
+def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any],
+                   ignore: Sequence[str] = BOOKKEEPING) -> list[str]:
+    """Dotted keys whose values differ between two resolved configs (absent counts), sorted."""
+    a, b = flatten(old), flatten(new)
+    return sorted(k for k in a.keys() | b.keys()
+                  if a.get(k, "<absent>") != b.get(k, "<absent>") and not _under(k, ignore))
+
+
+def describe(old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str]) -> str:
+    """`lambda=0.0 (now 0.25), rollout.num_samples=3 (now 2)`."""
+    a, b = flatten(old), flatten(new)
+    return ", ".join(f"{k}={a.get(k, '<absent>')} (now {b.get(k, '<absent>')})" for k in keys)
+
+
+def read_record(out: Path) -> dict[str, Any] | None:
+    """The directory's record: `job.json`, else (a directory written before records existed)
+    the mode and config stored in its `results.json`; None when neither is readable."""
+    for path in (out / RECORD, out / COMPLETED):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        config = data.get("config")
+        if isinstance(config, dict):
+            return {"mode": data.get("mode", config.get("mode")), "config": config,
+                    "hydra_files": data.get("hydra_files", {})}
+    return None
+
+
+def outputs(out: Path, patterns: Sequence[str] = OUTPUTS) -> list[Path]:
+    """The outputs present in a run directory."""
+    return sorted({p for pattern in patterns for p in out.glob(pattern)})
+
+
+def stored_results(out: Path) -> dict[str, Any] | None:
+    """The directory's readable `results.json`, else None."""
+    try:
+        return json.loads((out / COMPLETED).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def plan_job(cfg: DictConfig, out: Path) -> Plan:
+    """Decide what this job does with its run directory (module docstring); raises
+    RunDirConflict (after restoring `.hydra/`) when it must not run there."""
+    if cfg.mode not in RECORDED_MODES:
+        return Plan()
+    record, present = read_record(out), outputs(out)
+    if record is None or not present:
+        return Plan()
+    new = config_dict(cfg)
+    if record["mode"] != cfg.mode:
+        _refuse(out, record, f"{out} holds the outputs of a mode={record['mode']} run; "
+                f"mode={cfg.mode} would write its results on top of them: give this job its own "
+                "directory (hydra.run.dir=... or hydra.sweep.dir=...)")
+    changed = differing_keys(record["config"], new)
+    if not changed:
+        done = stored_results(out) if cfg.mode in SKIPPABLE_MODES else None
+        if done is not None and cfg.skip_completed:
+            log.warning("Skipping this job: %s holds its results under the same settings "
+                        "(skip_completed=false runs it again)", out)
+            return Plan(done=done)
+        return Plan()
+    what = describe(record["config"], new, changed)
+    if cfg.mode == "train" and all(_under(k, CONTINUABLE) for k in changed):
+        log.warning("Continuing the training run in %s with %s; its previous results are "
+                    "replaced", out, what)
+        return Plan(remove=outputs(out, RESULTS))
+    if cfg.overwrite:
+        log.warning("overwrite=true: deleting the outputs of %s (%s) before this job runs", out,
+                    what)
+        return Plan(remove=present)
+    _refuse(out, record, f"{out} holds outputs produced with other settings: {what}; use a new "
+            "directory (hydra.run.dir=... or hydra.sweep.dir=...), or overwrite=true to delete "
+            "them and run here")
+
+
+def _refuse(out: Path, record: Mapping[str, Any], message: str) -> NoReturn:
+    """Put back the `.hydra/` files of the recorded job, then raise RunDirConflict."""
+    for name, text in record.get("hydra_files", {}).items():
+        (out / ".hydra" / name).write_text(text)
+    raise RunDirConflict(message)
+
+
+def commit(cfg: DictConfig, out: Path, plan: Plan) -> None:
+    """Delete what the plan removes and record this job's mode and settings."""
+    if cfg.mode not in RECORDED_MODES:
+        return
+    for path in plan.remove:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    hydra_dir = out / ".hydra"
+    write_json(out / RECORD, {
+        "mode": cfg.mode,
+        "config": config_dict(cfg),
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "hydra_files": {name: (hydra_dir / name).read_text() for name in HYDRA_FILES
+                        if (hydra_dir / name).is_file()},
+    })
