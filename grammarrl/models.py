@@ -13,8 +13,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf

@@ -1,14 +1,16 @@
 """Hydra entry point: `python -m grammarrl.run [mode=...] [task=...] [model=...] [overrides]`.
 
 Thin on purpose: check the config and the run directory, then hand the config to the mode's
-function in the package, inside the job's W&B run.
+function in the package, inside the job's W&B run (`grammarrl.tracking`).
 
-Order of a job: the config is validated (unknown keys, bad values, contradictions) and the
-environment checked (W&B credentials, the model's files, a checkpoint to resume) before any
-model or data is loaded; then the run directory's record decides whether the job is skipped
-(its results exist under the same settings), continues, or is refused (`grammarrl.rundir`). A
-job that fails writes `failed.json` (error, type, mode) into its run directory, removed once it
-succeeds; in a multirun the failure is re-raised so Hydra records it and runs the other jobs.
+Order of a job, all before any model or data is loaded and before the run directory is
+touched: the config is validated (unknown keys, bad values, contradictions; for a single run
+and `--cfg` already before Hydra starts), the run directory's record decides whether the job is
+skipped (its results exist under the same settings), continues, or is refused
+(`grammarrl.rundir`), and the environment is checked (W&B credentials, device, the model's
+files, the adapter, a checkpoint to resume). A job that fails writes `failed.json` (error,
+type, mode) into its run directory, removed once it succeeds; in a multirun the failure is
+re-raised (one line, no traceback) so Hydra records it and runs the other jobs.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import NoReturn
 
 import hydra
-from hydra.errors import HydraException
+from hydra.errors import CompactHydraException, HydraException
 from omegaconf import DictConfig
 
 from grammarrl import rundir, tracking
@@ -70,7 +71,7 @@ def dispatch(cfg: DictConfig) -> object:
     if plan.done is not None:
         return plan.done
     preflight(cfg, out, plan)
-    if out is not None:
+    if out is not None and tracking.is_rank_zero():
         rundir.commit(cfg, out, plan)
     module_name, func_name = MODE_HANDLERS[cfg.mode].split(":")
     handler = getattr(importlib.import_module(module_name), func_name)
@@ -127,14 +128,24 @@ def main(cfg: DictConfig) -> object:
         log.error("%s", err)
         if not isinstance(err, rundir.RunDirConflict):  # the directory's own job did not fail
             record_failure(cfg, err)
-        if _in_multirun():
-            raise  # Hydra records the job as failed and the sweep's other jobs still run
+        if _in_multirun():  # Hydra records the job as failed; the sweep's other jobs still run
+            raise JobFailed(f"job {_job_num()}: {err}") from err
         sys.exit(2)
     except Exception as err:
         record_failure(cfg, err)
         raise
     clear_failure()
     return result
+
+
+class JobFailed(CompactHydraException):
+    """A multirun job stopped by a GrammarRLError: Hydra prints its one line, no traceback."""
+
+
+def _job_num() -> int:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().job.num
 
 
 def _in_multirun() -> bool:
@@ -156,20 +167,12 @@ def check_command_line(argv: list[str]) -> None:
             or args.shell_completion:
         return
     try:
-        cfg = compose_job_config(args.overrides)
+        validate(compose_job_config(args.overrides))
     except ConfigError as err:
-        _refuse(err)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     except (HydraException, ValueError):
         return  # Hydra reports its own composition errors (a missing group option, ...)
-    try:
-        validate(cfg)
-    except ConfigError as err:
-        _refuse(err)
-
-
-def _refuse(err: ConfigError) -> NoReturn:
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(2)
 
 
 def cli() -> None:

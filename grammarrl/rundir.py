@@ -80,16 +80,16 @@ def _under(key: str, prefixes: Sequence[str]) -> bool:
 
 def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any],
                    ignore: Sequence[str] = BOOKKEEPING) -> list[str]:
-    """Dotted keys whose values differ between two resolved configs (absent counts), sorted."""
+    """Dotted keys whose values differ between two resolved configs, sorted; a key one of them
+    lacks (added or removed since) counts as null."""
     a, b = flatten(old), flatten(new)
-    return sorted(k for k in a.keys() | b.keys()
-                  if a.get(k, "<absent>") != b.get(k, "<absent>") and not _under(k, ignore))
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not _under(k, ignore))
 
 
 def describe(old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str]) -> str:
     """`lambda=0.0 (now 0.25), rollout.num_samples=3 (now 2)`."""
     a, b = flatten(old), flatten(new)
-    return ", ".join(f"{k}={a.get(k, '<absent>')} (now {b.get(k, '<absent>')})" for k in keys)
+    return ", ".join(f"{k}={a.get(k)} (now {b.get(k)})" for k in keys)
 
 
 def read_record(out: Path) -> dict[str, Any] | None:

@@ -25,6 +25,12 @@ TRACKED_MODES = ("train", "eval", "search", "calibrate")
 DEFAULT_HOST = "https://api.wandb.ai"
 
 
+def is_rank_zero() -> bool:
+    """Whether this is the job's main process: with DDP, Lightning re-runs the command for the
+    other ranks with RANK / LOCAL_RANK / NODE_RANK set."""
+    return all(int(os.environ.get(name, "0")) == 0 for name in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+
+
 def has_wandb_credentials() -> bool:
     """Whether W&B finds an API key without asking: WANDB_API_KEY, an identity token file, or
     a netrc entry for the W&B host (what `wandb login` writes)."""
@@ -80,9 +86,9 @@ def job_identity() -> tuple[str | None, str | None]:
 
 @contextlib.contextmanager
 def job_run(cfg: DictConfig, out: Path | None) -> Iterator[Any]:
-    """The job's W&B run (None with `logger=none` or in a mode that logs nothing), finished
-    when the block ends: with exit code 1 when it raised."""
-    if cfg.logger.name != "wandb" or cfg.mode not in TRACKED_MODES:
+    """The job's W&B run (None with `logger=none`, in a mode that logs nothing, or on a DDP
+    rank other than 0), finished when the block ends: with exit code 1 when it raised."""
+    if cfg.logger.name != "wandb" or cfg.mode not in TRACKED_MODES or not is_rank_zero():
         yield None
         return
     import wandb

@@ -91,6 +91,6 @@ def test_calibration_log_states_the_real_number_of_inputs(tiny, tmp_path, caplog
     held = len(task.splits().dev)
     with caplog.at_level(logging.INFO):
         entry = calibrate(cfg, model, tok, task)
-    assert held < 100 and entry["num_inputs"] == held and entry["dev_size"] == 100
     assert (f"calibrating conll/tiny/n2_b1 on {held} dev inputs (task.dev_size=100; the dev "
             f"split holds {held})") in caplog.text
+    assert held < 100 and entry["num_inputs"] == held and entry["dev_size"] == 100
