@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from grammarrl.calibration import within_group_std
 from grammarrl.chat import encode_prompt
-from grammarrl.config import validate
+from grammarrl.config import compose_job_config, validate
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import load_model
 from grammarrl.rewards import ReferenceScorer
@@ -36,15 +36,6 @@ from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.tasks import Task, load_task
 
 DTYPES = ("float32", "bfloat16")
-
-
-def compose(overrides: list[str]) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    conf = str(Path(__file__).resolve().parents[1] / "conf")
-    with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
 
 
 def greedy_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, task: Task,
@@ -153,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dev", type=int, default=24, help="dev inputs for the rewards")
     parser.add_argument("--out", default="precision.json")
     args = parser.parse_args(argv)
-    cfg = compose([*args.overrides, "device=cpu"])
+    cfg = compose_job_config([*args.overrides, "device=cpu"])
     validate(cfg)
     task = load_task(cfg)
     models, tokenizer = {}, None

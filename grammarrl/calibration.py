@@ -131,8 +131,8 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
     from grammarrl.rollout import collect_rollouts
 
     dev = task.splits().dev[: cfg.task.dev_size]
-    short = f" (task.dev_size={cfg.task.dev_size}; the dev split holds {len(dev)})" \
-        if len(dev) < cfg.task.dev_size else ""
+    short = (f" (task.dev_size={cfg.task.dev_size}; the dev split holds {len(dev)})"
+             if len(dev) < cfg.task.dev_size else "")
     log.info("calibrating %s on %d dev inputs%s", calibration_key(cfg), len(dev), short)
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
@@ -147,13 +147,14 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
         reverse.append(out.reverse)
         valid.append(out.valid)
     direct_t, reverse_t, valid_t = torch.cat(direct), torch.cat(reverse), torch.cat(valid)
+    measured_in = hydra_run_dir()
     return {
         "sigma_direct": within_group_std(direct_t, valid_t),
         "sigma_reverse": within_group_std(reverse_t, valid_t),
         "num_inputs": len(dev),
         "mean_direct": direct_t[valid_t].mean().item(),
         "mean_reverse": reverse_t[valid_t].mean().item(),
-        "measured_in": str(hydra_run_dir()) if hydra_run_dir() is not None else None,
+        "measured_in": str(measured_in) if measured_in is not None else None,
         **calibration_conditions(cfg),
     }
 

@@ -143,8 +143,8 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
         return Plan()
     what = describe(record["config"], new, changed)
     if cfg.mode == "train" and all(_under(k, CONTINUABLE) for k in changed):
-        log.warning("Continuing the training run in %s with %s; its previous results are "
-                    "replaced", out, what)
+        log.warning("Continuing the training run in %s with %s; results made before are "
+                    "removed and made again", out, what)
         return Plan(remove=outputs(out, RESULTS))
     if cfg.overwrite:
         log.warning("overwrite=true: deleting the outputs of %s (%s) before this job runs", out,
@@ -167,7 +167,10 @@ def commit(cfg: DictConfig, out: Path, plan: Plan) -> None:
     if cfg.mode not in RECORDED_MODES:
         return
     for path in plan.remove:
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     hydra_dir = out / ".hydra"
     write_json(out / RECORD, {
         "mode": cfg.mode,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import netrc
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -108,10 +109,9 @@ def job_run(cfg: DictConfig, out: Path | None) -> Iterator[Any]:
 
 
 def current_run() -> Any:
-    """The W&B run this job started (`job_run`), or None."""
-    import wandb
-
-    return wandb.run
+    """The W&B run this job started (`job_run`), or None (wandb is not imported for that)."""
+    wandb = sys.modules.get("wandb")
+    return wandb.run if wandb is not None else None
 
 
 def results_summary(result: Mapping[str, Any]) -> dict[str, Any]:

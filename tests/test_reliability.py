@@ -1,5 +1,7 @@
-"""Reliability: sweeps that survive failures and skip finished jobs, atomic results and
-checkpoints under a full disk, and bad input (each with a clear error or a counted skip).
+"""Reliability: sweeps that survive failures and skip finished jobs, no result shown under
+settings it was not produced with (one W&B run per job, run-directory records, checked resumes),
+atomic results and checkpoints under a full disk, and bad input (each with a clear error or a
+counted skip).
 
 The exact resume after a real kill is in tests/test_resume.py; validity of constrained outputs in
 tests/test_reliability_validity.py. Other bad-input cases are tested where their code lives:
