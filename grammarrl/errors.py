@@ -2,7 +2,7 @@
 
 
 class GrammarRLError(Exception):
-    """A user-facing error: bad config, missing data or weights, an unbuilt mode."""
+    """A user-facing error: bad config, missing data or weights, a run directory conflict."""
 
 
 class ConfigError(GrammarRLError):
