@@ -142,9 +142,10 @@ def test_each_sweep_job_logs_its_own_finished_wandb_run(tmp_path, monkeypatch):
 
     import wandb
     from hydra.core.hydra_config import HydraConfig
+    from wandb.sdk.wandb_run import Run
 
     started, summaries = [], {}
-    real_init, real_finish = wandb.init, wandb.Run.finish
+    real_init, real_finish = wandb.init, Run.finish
 
     def init(*args, **kwargs):
         started.append((kwargs, real_init(*args, **kwargs)))
@@ -155,7 +156,7 @@ def test_each_sweep_job_logs_its_own_finished_wandb_run(tmp_path, monkeypatch):
         return real_finish(run, *args, **kwargs)
 
     monkeypatch.setattr(wandb, "init", init)
-    monkeypatch.setattr(wandb.Run, "finish", finish)
+    monkeypatch.setattr(Run, "finish", finish)
     monkeypatch.delenv("GRAMMARRL_DATA_DIR", raising=False)
     monkeypatch.setattr(sys, "argv", [
         "grammarrl.run", "-m", *TINY_SWEEP, "logger=wandb", "lambda=0,1",
