@@ -228,7 +228,3 @@ def write_results(
     if predictions is not None:
         write_jsonl(out / predictions_name(name), predictions)
     return write_json(out / f"{name}.json", results)
-
-
-def read_results(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
