@@ -97,9 +97,14 @@ def grammar_overhead(bench: Bench, task_name: str, num_prompts: int = 2) -> Benc
 
 def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width: int = 3
                   ) -> BenchResult:
-    """One prompt's rollout group: ours (N samples + beam top-1, one prefill) vs HF `generate`
-    with Outlines' llguidance logits processor producing the same N samples (no beam: HF beam
-    search reorders rows under Outlines' per-row matchers, see DESIGN.md)."""
+    """One prompt's rollout group: ours (N samples + beam top-1, one prefill, the prompt KV kept
+    once: cascade attention) vs HF `generate` with Outlines' llguidance logits processor
+    producing the same N samples (no beam: HF beam search reorders rows under Outlines' per-row
+    matchers, see DESIGN.md). Also timed, interleaved: ours with the prompt KV copied into
+    every row (`cascade=False`, the layout before cascade attention), as `copied_rows_s`.
+    Every call draws from the same seed (ours from its generator, the peer from torch's global
+    one), so repeats time the same group and both layouts of ours decode the same tokens
+    (float32; bfloat16 may differ by rounding)."""
     from outlines import from_transformers
     from outlines.backends.llguidance import LLGuidanceBackend
     from transformers import LogitsProcessorList
@@ -111,21 +116,24 @@ def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width
     task, prompts = real_prompts(cfg, tokenizer, 1)
     prompt = prompts[0]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    copied = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens,
+                                cascade=False)
     processor = LLGuidanceBackend(from_transformers(model, tokenizer)).get_cfg_logits_processor(
         lark_source(task.grammar()))
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], device=device)
     stop = end_of_turn_id(tokenizer)
-    generator = torch.Generator().manual_seed(cfg.seed)
     peer_lengths: list[int] = []
 
-    def ours() -> list[int]:
-        group = decoder.rollout([prompt], num_samples, beam_width, generator=generator)[0]
+    def ours(dec: ConstrainedDecoder = decoder) -> list[int]:
+        generator = torch.Generator().manual_seed(cfg.seed)
+        group = dec.rollout([prompt], num_samples, beam_width, generator=generator)[0]
         return [len(g.token_ids) for g in group]
 
     @torch.inference_mode()
     def peer() -> list[int]:
         processor.reset()
+        torch.manual_seed(cfg.seed)
         out = model.generate(
             input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
             top_k=0, top_p=1.0, num_return_sequences=num_samples,
@@ -136,13 +144,17 @@ def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width
         peer_lengths.extend(lengths)
         return lengths
 
-    timing = interleaved({"ours": ours, "hf_generate_outlines": peer}, bench.repeats)
+    timing = interleaved({"ours": ours, "hf_generate_outlines": peer,
+                          "copied_rows": lambda: ours(copied)}, bench.repeats)
     o, h = timing["ours"]["median_s"], timing["hf_generate_outlines"]["median_s"]
+    c = timing["copied_rows"]["median_s"]
     return BenchResult(
         name=f"group_rollout/{task_name}", ratio=h / o, goal=2.0, at_most=False,
         details={"task": task_name, "prompt_tokens": len(prompt), "num_samples": num_samples,
                  "beam_width": beam_width, "ours_s": timing["ours"],
                  "hf_generate_outlines_s": timing["hf_generate_outlines"],
+                 "copied_rows_s": timing["copied_rows"],
+                 "copied_rows_ratio": round(h / c, 4),
                  "peer_output_tokens": peer_lengths[-num_samples:],
                  "ratio_is": "peer seconds / our seconds (ours also runs the beam)"})
 

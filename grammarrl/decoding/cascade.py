@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 ATTENTION_NAME = "grammarrl_cascade"
 CACHE_KWARG = "grammarrl_cascade_cache"  # the model kwarg that carries the cache to attention
@@ -72,13 +72,13 @@ def _cascade_attention_forward(
 AttentionInterface.register(ATTENTION_NAME, _cascade_attention_forward)
 
 
-def model_configs(model: torch.nn.Module) -> list[PreTrainedConfig]:
+def model_configs(model: torch.nn.Module) -> list[PretrainedConfig]:
     """Every distinct transformers config reachable from `model`'s modules (a PEFT or other
     wrapper around the HF model included)."""
-    seen: dict[int, PreTrainedConfig] = {}
+    seen: dict[int, PretrainedConfig] = {}
     for module in model.modules():
         config = getattr(module, "config", None)
-        if isinstance(config, PreTrainedConfig):
+        if isinstance(config, PretrainedConfig):
             seen.setdefault(id(config), config)
     return list(seen.values())
 
@@ -88,8 +88,14 @@ def supports_cascade(model: torch.nn.Module) -> bool:
     following the attention interface, with causal full attention in every layer (no sliding
     window, no logit soft-capping, not an encoder-decoder)."""
     hf_models = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
-    if not hf_models or not all(type(m)._can_set_attn_implementation() for m in hf_models):
+    if not hf_models:
         return False
+    for m in hf_models:  # transformers' flags for models that call the attention interface
+        if not getattr(m, "_supports_attention_backend", False):
+            return False
+        can_set = getattr(type(m), "_can_set_attn_implementation", None)
+        if can_set is not None and not can_set():
+            return False
     for config in model_configs(model):
         if getattr(config, "is_encoder_decoder", False) or not getattr(config, "is_causal", True):
             return False
@@ -104,7 +110,7 @@ def supports_cascade(model: torch.nn.Module) -> bool:
 
 
 @contextmanager
-def cascade_attention(configs: list[PreTrainedConfig]) -> Iterator[None]:
+def cascade_attention(configs: list[PretrainedConfig]) -> Iterator[None]:
     """Within the block, the attention layers of a model with these configs (`model_configs`)
     use cascade attention; their implementation is restored after."""
     before = [config._attn_implementation for config in configs]
@@ -117,6 +123,13 @@ def cascade_attention(configs: list[PreTrainedConfig]) -> Iterator[None]:
             config._attn_implementation = name
 
 
+try:  # torch's CPU flash-attention kernel, which also returns the log-sum-exp (torch >= 2.2)
+    _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+except (AttributeError, RuntimeError):
+    _CPU_FLASH = None
+_CPU_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        mask: torch.Tensor | None, scale: float, exact_fp32: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,8 +137,9 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     for query [B, H, Q, D], key / value [B, H, K, D] and an additive mask broadcastable to
     [B, H, Q, K]. On CPU torch's flash-attention kernel (it returns the log-sum-exp); elsewhere,
     or with `exact_fp32`, an explicit float32 computation."""
-    if query.device.type == "cpu" and not exact_fp32:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+    if _CPU_FLASH is not None and query.device.type == "cpu" and not exact_fp32 and (
+            query.dtype in _CPU_FLASH_DTYPES):
+        out, lse = _CPU_FLASH(
             query, key, value, 0.0, False, attn_mask=mask, scale=scale)
         return out.float(), lse.float()
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
