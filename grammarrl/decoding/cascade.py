@@ -45,6 +45,11 @@ ATTENTION_NAME = "grammarrl_cascade"
 CACHE_KWARG = "grammarrl_cascade_cache"  # the model kwarg that carries the cache to attention
 
 
+# Attention arguments of other architectures that change the softmax (windows, soft-capping,
+# attention sinks, position biases): cascade attention refuses them rather than ignore them.
+_NOT_SUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
+
+
 def _cascade_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -61,8 +66,10 @@ def _cascade_attention_forward(
     if cache is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention runs only with a SharedPromptCache "
                            f"passed as `{CACHE_KWARG}` (decode steps of the constrained decoder)")
-    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
-        raise RuntimeError(f"{ATTENTION_NAME} attention supports plain full attention only")
+    extra = [k for k in _NOT_SUPPORTED if kwargs.get(k) is not None]
+    if extra:
+        raise RuntimeError(f"{ATTENTION_NAME} attention supports plain causal attention only, "
+                           f"not {', '.join(extra)}")
     if dropout:
         raise RuntimeError(f"{ATTENTION_NAME} attention is for inference (dropout must be 0)")
     scale = module.head_dim**-0.5 if scaling is None else scaling
