@@ -116,12 +116,11 @@ def within_group_std(values: torch.Tensor, valid: torch.Tensor | None = None) ->
     candidates have no spread to measure and are left out."""
     if valid is None:
         valid = torch.ones_like(values, dtype=torch.bool)
-    count = valid.sum(dim=-1)
-    kept = torch.where(valid, values, torch.zeros_like(values))
-    mean = kept.sum(dim=-1, keepdim=True) / count.clamp(min=1).unsqueeze(-1)
-    spread = torch.where(valid, (values - mean) ** 2, torch.zeros_like(values))
-    std = (spread.sum(dim=-1) / count.clamp(min=1)).sqrt()
-    return std[count >= 2].mean().item()
+    count = valid.sum(dim=-1, keepdim=True).clamp(min=1)
+    mean = values.masked_fill(~valid, 0.0).sum(dim=-1, keepdim=True) / count
+    spread = ((values - mean) ** 2).masked_fill(~valid, 0.0)
+    std = (spread.sum(dim=-1, keepdim=True) / count).sqrt().squeeze(-1)
+    return std[valid.sum(dim=-1) >= 2].mean().item()
 
 
 def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any) -> dict[str, Any]:

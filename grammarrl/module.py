@@ -163,12 +163,12 @@ class GrammarRLModule(L.LightningModule):
 
     def _log_step(self, out, rewards, advantages, loss, parts) -> None:
         gens = [g for group in out.groups for g in group]
-        valid = out.valid.to(rewards.device)
-        best = torch.where(valid, rewards, float("-inf")).argmax(dim=-1)
+        valid = out.valid.to(rewards.device)  # rewards, scores and advantages share a device
+        best = rewards.masked_fill(~valid, float("-inf")).argmax(dim=-1)
         beam_best = (best == rewards.shape[-1] - 1).float().mean()
 
         def valid_mean(values: torch.Tensor) -> torch.Tensor:
-            return values[valid.to(values.device)].mean()
+            return values[valid].mean()
 
         metrics = {
             "train/loss": loss.detach(),
@@ -178,7 +178,7 @@ class GrammarRLModule(L.LightningModule):
             "train/reward_direct": valid_mean(out.direct),
             "train/reward_reverse": valid_mean(out.reverse),
             "train/empty_candidates": (~valid).float().mean(),
-            "train/advantage_std": advantages[valid.to(advantages.device)].std(),
+            "train/advantage_std": advantages[valid].std(),
             "train/advantage_abs": valid_mean(advantages.abs()),
             "train/validity": torch.tensor([g.finished for g in gens], dtype=torch.float).mean(),
             "train/truncated": torch.tensor([g.truncated for g in gens], dtype=torch.float).mean(),

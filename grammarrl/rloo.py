@@ -23,11 +23,10 @@ def rloo_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None) ->
     if valid is None:
         valid = torch.ones_like(rewards, dtype=torch.bool)
     valid = valid.to(rewards.device)
-    kept = torch.where(valid, rewards, torch.zeros_like(rewards))
+    kept = rewards.masked_fill(~valid, 0.0)
     count = valid.sum(dim=-1, keepdim=True)
     others = (kept.sum(dim=-1, keepdim=True) - kept) / (count - 1).clamp(min=1)
-    usable = valid & (count >= 2)
-    return torch.where(usable, kept - others, torch.zeros_like(rewards))
+    return (kept - others).masked_fill(~(valid & (count >= 2)), 0.0)
 
 
 def grammarrl_loss(policy_logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,

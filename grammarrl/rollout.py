@@ -51,7 +51,7 @@ def collect_rollouts(decoder: ConstrainedDecoder, scorer: ReferenceScorer, token
 
     def gather(values: list[torch.Tensor]) -> torch.Tensor:
         stacked = torch.stack(values)
-        return torch.where(valid.to(stacked.device), stacked, torch.zeros_like(stacked))
+        return stacked.masked_fill(~valid.to(stacked.device), 0.0)
 
     return RolloutBatch(
         examples=examples, prompts=prompts, groups=groups,
