@@ -38,6 +38,7 @@ def suite(bench: Bench, full: bool = False) -> list[tuple[str, Callable[[], Benc
         ("rl_step_prefix_sharing/conll", lambda: rl_step.prefix_sharing(bench, "conll")),
         ("rl_step_prefix_sharing/wos", lambda: rl_step.prefix_sharing(bench, "wos")),
         ("rl_step_dtype/conll", lambda: rl_step.dtype_pair(bench, "conll")),
+        ("rl_step_floor/conll", lambda: rl_step.step_floor(bench, "conll")),
         ("rl_step_peak_memory_gb/conll", lambda: rl_step.peak_memory(bench, "conll")),
         ("rl_step_peak_memory_gb/conll+checkpointing",
          lambda: rl_step.peak_memory(bench, "conll", checkpointing=True)),

@@ -8,12 +8,15 @@ import resource
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 
 from benchmarks.common import Bench, BenchResult, release_memory
+from grammarrl.module import policy_train_mode
 
 PHASES = ("rollout", "scoring", "policy", "backward", "optimizer", "step")
 # Fixed σ's: the benchmark times a step, it does not need calibrated rewards.
@@ -23,6 +26,12 @@ STEP_OVERRIDES = ("reward.sigma_direct=1.0", "reward.sigma_reverse=1.0", "optim.
 def run_steps(bench: Bench, steps: int, *overrides: str) -> list[dict[str, float]]:
     """Run `steps` real training steps (Lightning, LoRA policy, this config) and return each
     step's wall time per phase."""
+    return train_module(bench, steps, *overrides).phase_history
+
+
+def train_module(bench: Bench, steps: int, *overrides: str, record: list | None = None) -> Any:
+    """The GrammarRLModule after `steps` real training steps; `record` (if given) receives each
+    step's StepOutputs (rollouts, rewards, loss)."""
     from grammarrl.datamodule import GrammarRLDataModule
     from grammarrl.models import add_lora
     from grammarrl.module import GrammarRLModule
@@ -38,8 +47,11 @@ def run_steps(bench: Bench, steps: int, *overrides: str) -> list[dict[str, float
         accelerator=cfg.trainer.accelerator, devices=1, max_steps=steps, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=cfg.optim.grad_clip)
+    if record is not None:
+        step_loss = module.step_loss
+        module.step_loss = lambda batch: record.append(step_loss(batch)) or record[-1]
     trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task))
-    return module.phase_history
+    return module
 
 
 def median_phases(history: list[dict[str, float]], skip: int = 1) -> dict[str, float]:
@@ -82,6 +94,100 @@ def dtype_pair(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
                  "auto_dtype": str(chosen).removeprefix("torch."), "float32_s": fp32,
                  "auto_s": auto,
                  "phase_ratio": {p: round(fp32[p] / max(auto[p], 1e-9), 3) for p in PHASES}})
+
+
+def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
+    """A real training step (the last of `steps`, as the trainer runs it) against its floor: the
+    model calls that step cannot avoid, timed with plain Transformers calls on the same model,
+    dtype and tokens, without grammar, masks, packing bookkeeping or Lightning:
+    - rollout: one prefill of the prompt, then one decode call per step for the rows still
+      running (each sample until its own length, the B beam rows until the winner's length),
+      against a preallocated StaticCache (no per-step cache copies);
+    - scoring: one reference forward over prompt + all candidates (causal, one row) and one over
+      the candidates' reverse prompts after their static part (not counted: it is cached);
+    - policy / backward: one forward with gradient over prompt + all candidates, its backward;
+    - optimizer: the step's own (AdamW over the LoRA weights is already the floor).
+    The ratio is step / floor; `phase_ratio` says where the rest goes."""
+    from transformers import StaticCache
+
+    from grammarrl.chat import encode_prompt
+    from grammarrl.models import reference_mode
+
+    record: list = []
+    module = train_module(bench, steps, f"task={task_name}", "optim.batch_size=1", record=record)
+    step = module.phase_history[-1]
+    rollouts = record[-1].rollouts
+    prompt, group = rollouts.prompts[0], rollouts.groups[0]
+    example = rollouts.examples[0]
+    policy, device = module.policy.eval(), next(module.policy.parameters()).device
+    num_samples = len(group) - 1
+    beam_width = module.cfg.rollout.beam_width
+    lengths = [len(g.token_ids) for g in group]
+    candidates = [t for g in group for t in g.token_ids]
+    scorer = module.scorer
+    static = len(scorer.reverse_static_prefix().tokens)
+    reverse = [t for g in group for t in
+               encode_prompt(module.tokenizer, module.task.reverse_messages(g.text))[static:]
+               + scorer.input_ids(example)]
+
+    def ids(tokens: list[int]) -> torch.Tensor:
+        return torch.tensor([tokens], device=device)
+
+    @torch.no_grad()
+    def rollout() -> None:
+        policy(input_ids=ids(prompt), use_cache=True, logits_to_keep=1)
+        cache, cache_rows = None, 0
+        for t in range(max(lengths)):
+            rows = sum(n > t for n in lengths[:num_samples]) + beam_width * (lengths[-1] > t)
+            if rows != cache_rows:  # a new batch size: a fresh cache (what it holds is not read)
+                cache = StaticCache(config=policy.config, max_cache_len=len(prompt) + max(lengths))
+                cache_rows = rows
+            position = torch.tensor([len(prompt) + t], device=device)
+            policy(input_ids=torch.zeros(rows, 1, dtype=torch.long, device=device),
+                   past_key_values=cache, cache_position=position,
+                   position_ids=position[None].expand(rows, 1))
+
+    @torch.no_grad()
+    def scoring() -> None:
+        with reference_mode(policy):
+            policy(input_ids=ids(prompt + candidates), logits_to_keep=len(candidates))
+            policy(input_ids=ids(reverse), logits_to_keep=len(reverse))
+
+    def policy_pass() -> tuple[float, float]:
+        policy_train_mode(policy, dropout=False)
+        start = time.perf_counter()
+        logits = policy(input_ids=ids(prompt + candidates),
+                        logits_to_keep=len(candidates) + 1).logits
+        logp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, ids(candidates).T).sum()
+        forward = time.perf_counter() - start
+        logp.backward()
+        backward = time.perf_counter() - forward - start
+        policy.zero_grad(set_to_none=True)
+        policy.eval()
+        return forward, backward
+
+    timings: dict[str, list[float]] = {"rollout": [], "scoring": [], "policy": [], "backward": []}
+    for _ in range(bench.repeats + 1):  # the first round warms up and is dropped
+        for phase, fn in (("rollout", rollout), ("scoring", scoring)):
+            start = time.perf_counter()
+            fn()
+            timings[phase].append(time.perf_counter() - start)
+        forward, backward = policy_pass()
+        timings["policy"].append(forward)
+        timings["backward"].append(backward)
+    floor = {p: round(statistics.median(ts[1:]), 4) for p, ts in timings.items()}
+    floor["optimizer"] = round(step["optimizer"], 4)
+    floor["step"] = round(sum(floor.values()), 4)
+    measured = {p: round(step[p], 4) for p in PHASES}
+    return BenchResult(
+        name=f"rl_step_floor/{task_name}", ratio=measured["step"] / floor["step"], goal=1.3,
+        at_most=True,
+        details={"task": task_name, "steps": steps, "timed_step": steps,
+                 "prompt_tokens": len(prompt), "candidate_tokens": lengths,
+                 "reverse_tokens": len(reverse), "reverse_static_tokens": static,
+                 "step_s": measured, "floor_s": floor,
+                 "phase_ratio": {p: round(measured[p] / max(floor[p], 1e-9), 3) for p in PHASES},
+                 "unaccounted_s": round(measured["step"] - sum(measured[p] for p in PHASES[:-1]), 4)})
 
 
 def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tuple[int, ...],

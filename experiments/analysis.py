@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from experiments.runs import AggregationError, Evaluation, Run
 from grammarrl.calibration import calibration_key, entries
 from grammarrl.results import mean_std
-from grammarrl.tasks.conll import FIELDS
+from grammarrl.tasks import conll
 
 # The paper's gloss trap tokens (fragments forced by the grammar after a likely prefix) and the
 # generic gloss X (Table "trap tokens in Gloss predictions").
@@ -41,27 +41,9 @@ def per_set_mean(rows: Sequence[dict[str, Any]],
     return mean_std([statistic(sets[k]) for k in sorted(sets)])
 
 
-def _conll_fields(text: str) -> dict[str, str]:
-    """The four CoNLL fields of an output; an unparseable output has every field empty."""
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return dict.fromkeys(FIELDS, "")
-    if not isinstance(value, dict):
-        return dict.fromkeys(FIELDS, "")
-    return {f: value.get(f) if isinstance(value.get(f), str) else "" for f in FIELDS}
-
-
 def empty_field_rate(rows: Sequence[dict[str, Any]]) -> float:
-    """Percentage of gold non-empty CoNLL fields left empty in the prediction."""
-    gold_filled = empty = 0
-    for row in rows:
-        gold, pred = _conll_fields(row["gold"]), _conll_fields(row["prediction"])
-        for f in FIELDS:
-            if gold[f]:
-                gold_filled += 1
-                empty += not pred[f]
-    return 100.0 * empty / gold_filled if gold_filled else 0.0
+    """Percentage of gold non-empty CoNLL fields left empty in a set's predictions."""
+    return conll.empty_field_rate([r["prediction"] for r in rows], [r["gold"] for r in rows])
 
 
 def term_count(term: str) -> Callable[[list[dict[str, Any]]], float]:
@@ -71,14 +53,16 @@ def term_count(term: str) -> Callable[[list[dict[str, Any]]], float]:
 
 def read_metrics(run: Run) -> dict[str, list[tuple[int, float]]]:
     """Lightning's CSV metrics of a training run: column -> [(step, value)], empty cells
-    skipped; {} when the run logged nothing."""
+    skipped; {} when the run logged nothing. A validation row is placed at the training steps
+    done when it ran (its `val/*_trained_steps`; 0 for the one before training)."""
     path = run.path / "metrics" / "metrics.csv"
     if not path.is_file():
         return {}
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            step = row.get("step")
+            step = next((v for k, v in row.items() if k.endswith("_trained_steps") and v),
+                        row.get("step"))
             for key, value in row.items():
                 if key != "step" and value not in ("", None) and step not in ("", None):
                     series[key].append((int(float(step)), float(value)))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from omegaconf import DictConfig
 from tqdm import tqdm
 
@@ -82,11 +83,14 @@ def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
     """Add one calibration entry under the run's key, replacing the one measured under the same
     conditions (atomically; the other entries and keys are kept)."""
     path, key = calibration_file(cfg), calibration_key(cfg)
-    table = _read(path)
-    conditions = calibration_conditions(cfg)
-    kept = [e for e in entries(table, key) if differences(e, conditions)]
-    table[key] = [*kept, entry]
-    return write_json(path, dict(sorted(table.items())))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel sweep jobs share one file: read-modify-write under a lock, so none is lost.
+    with FileLock(str(path) + ".lock"):
+        table = _read(path)
+        conditions = calibration_conditions(cfg)
+        kept = [e for e in entries(table, key) if differences(e, conditions)]
+        table[key] = [*kept, entry]
+        return write_json(path, dict(sorted(table.items())))
 
 
 def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:

@@ -102,6 +102,7 @@ class EvalSchema:
     test_size: int = 2000
     batch_size: int = 8
     adapter: Any = None
+    score_rewards: bool = False
 
 
 @dataclass
@@ -139,6 +140,7 @@ class TrainerSchema:
     strategy: str = "auto"
     val_check_interval: Any = 50
     val_size: int = 64
+    val_at_start: bool = True
     log_every_n_steps: int = 1
     checkpoint_every_n_steps: int = 50
 

@@ -132,6 +132,44 @@ def decode_examples(
     return outputs
 
 
+def output_rewards(model: torch.nn.Module, tokenizer: Any, task: Task, examples: list[Example],
+                   outputs: dict[str, Generation], progress: bool = True
+                   ) -> dict[str, tuple[float, float] | None]:
+    """uid -> (R_direct, R_reverse) of its output under the frozen reference (`model` with its
+    adapter disabled): the training reward of what a system emits, before λ and the σ's
+    (`eval.score_rewards`). None for an empty output."""
+    from tqdm.auto import tqdm
+
+    from grammarrl.rewards import ReferenceScorer
+
+    scorer = ReferenceScorer(model, tokenizer, task)
+    unique = list({ex.uid: ex for ex in examples}.values())
+    return {ex.uid: scorer.score_outputs([ex], [outputs[ex.uid].token_ids],
+                                         [outputs[ex.uid].text])[0]
+            for ex in tqdm(unique, desc="reference rewards", unit="ex", disable=not progress)}
+
+
+def reward_means(rewards: dict[str, tuple[float, float] | None], test_set: list[Example]
+                 ) -> dict[str, float]:
+    """Per test set: mean R_direct and R_reverse over its outputs that have tokens."""
+    scored = [rewards[ex.uid] for ex in test_set if rewards[ex.uid] is not None]
+    if not scored:
+        return {"reward_direct": float("nan"), "reward_reverse": float("nan"), "reward_scored": 0}
+    return {"reward_direct": sum(d for d, _ in scored) / len(scored),
+            "reward_reverse": sum(r for _, r in scored) / len(scored),
+            "reward_scored": len(scored)}
+
+
+def reward_fields(rewards: dict[str, tuple[float, float] | None] | None, uid: str
+                  ) -> dict[str, float | None]:
+    """A prediction row's reward fields ({} when rewards were not scored)."""
+    if rewards is None:
+        return {}
+    value = rewards[uid]
+    return {"reward_direct": value[0] if value else None,
+            "reward_reverse": value[1] if value else None}
+
+
 def evaluate(
     cfg: DictConfig,
     model: torch.nn.Module,
@@ -163,6 +201,8 @@ def evaluate(
         length_penalty=cfg.eval.length_penalty,
     )
     seconds = time.perf_counter() - started
+    rewards = (output_rewards(model, tokenizer, task, all_examples, outputs, progress)
+               if cfg.eval.score_rewards else None)
 
     scores, per_set, rows = [], [], []
     for set_idx, test_set in enumerate(test_sets):
@@ -177,6 +217,7 @@ def evaluate(
                 "truncated": sum(g.truncated for g in gens) / len(gens),
                 "task_validity": result.validity,
                 "details": result.details,
+                **(reward_means(rewards, test_set) if rewards is not None else {}),
             }
         )
         for ex, gen, item in zip(test_set, gens, result.per_example):
@@ -194,6 +235,7 @@ def evaluate(
                     "logp_constrained": gen.sum_logp_constrained,
                     "logp_unconstrained": gen.sum_logp_unconstrained,
                     "scores": item,
+                    **reward_fields(rewards, ex.uid),
                 }
             )
 

@@ -197,22 +197,43 @@ class GrammarRLModule(L.LightningModule):
         })
 
     def validation_step(self, batch: list[Example], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Greedy outputs of the current policy, and their reward under the frozen reference
+        (what training maximises): does training raise the reward of what greedy emits?"""
         self.policy.eval()
         prompts = [encode_prompt(self.tokenizer, self.task.forward_messages(ex)) for ex in batch]
         with torch.no_grad():
-            preds = [g.text for g in self.decoder.greedy(prompts)]
-        self._val_preds.setdefault(dataloader_idx, []).extend(zip(preds, batch))
+            gens = self.decoder.greedy(prompts)
+        rewards = self.scorer.score_outputs(batch, [g.token_ids for g in gens], [g.text for g in gens])
+        self._val_preds.setdefault(dataloader_idx, []).extend(zip(gens, batch, rewards))
 
     def on_validation_epoch_start(self) -> None:
         self._val_preds: dict[int, list] = {}
 
     def on_validation_epoch_end(self) -> None:
+        """Per validation slice: the task metric, validity, the task's scalar details (CoNLL:
+        empty_field_rate) and the mean reward of the greedy outputs (combined, direct, reverse;
+        over the outputs with tokens)."""
         names = self.trainer.datamodule.val_names
-        for idx, pairs in self._val_preds.items():
-            preds, examples = zip(*pairs)
-            scores = self.task.score(list(preds), list(examples))
-            self.log(f"val/{names[idx]}_{scores.metric}", scores.value, batch_size=len(preds),
-                     add_dataloader_idx=False, prog_bar=idx == 0, sync_dist=True)
+        for idx, rows in self._val_preds.items():
+            gens, examples, rewards = zip(*rows)
+            scores = self.task.score([g.text for g in gens], list(examples))
+            prefix = f"val/{names[idx]}_"
+            # Lightning logs a validation at the step index of the last trained batch, so the
+            # one before training and the one after the first step share step 0: this says which.
+            metrics = {"trained_steps": self.global_step, scores.metric: scores.value,
+                       "validity": scores.validity,
+                       **{k: v for k, v in scores.details.items() if isinstance(v, (int, float))}}
+            scored = [r for r in rewards if r is not None]
+            if scored:
+                direct, reverse = torch.tensor(scored, dtype=torch.float64).T
+                combined = combine_rewards(direct, reverse, self.cfg["lambda"],
+                                           self.sigma_direct, self.sigma_reverse)
+                metrics.update(reward=combined.mean().item(), reward_direct=direct.mean().item(),
+                               reward_reverse=reverse.mean().item())
+            for key, value in metrics.items():
+                self.log(prefix + key, float(value), batch_size=len(gens),
+                         add_dataloader_idx=False, prog_bar=idx == 0 and key == scores.metric,
+                         sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}

@@ -77,3 +77,19 @@ class ReferenceScorer:
             reverse=torch.stack([lp.mean() for lp in reverse]),
             ref_logp=torch.stack([lp.sum() for lp in forward]),
         )
+
+    @torch.no_grad()
+    def score_outputs(self, examples: list[Example], token_ids: list[list[int]], texts: list[str]
+                      ) -> list[tuple[float, float] | None]:
+        """(R_direct, R_reverse) of one output per example (e.g. what greedy decoding emitted,
+        end-of-turn included), or None for an empty output (nothing to score)."""
+        scored: list[tuple[float, float] | None] = []
+        for example, ids, text in zip(examples, token_ids, texts, strict=True):
+            if not ids:
+                scored.append(None)
+                continue
+            prompt = encode_prompt(self.tokenizer, self.task.forward_messages(example))
+            scores = self.score(example, prompt, [list(ids)], [text])
+            scored.append((float(scores.direct[0]), float(scores.reverse[0])))
+        return scored
+

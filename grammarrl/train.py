@@ -245,7 +245,10 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     policy = add_lora(model, cfg.lora)
     module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
     trainer = build_trainer(cfg, out)
-    trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task),
+    datamodule = GrammarRLDataModule(cfg, task)
+    if resume is None and cfg.trainer.val_at_start:
+        trainer.validate(module, datamodule=datamodule, verbose=False)  # the curves' step 0
+    trainer.fit(module, datamodule=datamodule,
                 ckpt_path=str(resume.path) if resume is not None else None)
     # The final step, resumable. Not reached when fit raised (e.g. a non-finite loss), so
     # last.ckpt then stays the last good periodic checkpoint.

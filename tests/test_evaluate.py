@@ -138,6 +138,41 @@ def test_evaluate_decodes_each_distinct_example_once(tiny, task, tmp_path, monke
         assert r["valid"] == (r["finished"] and task.try_parse(r["prediction"]) is not None)
 
 
+def test_score_rewards_gives_each_output_its_reference_reward(tiny, task, tmp_path):
+    """eval.score_rewards: every row carries R_direct / R_reverse of its output, equal to the
+    mean teacher-forced log-probs of the output's tokens (direct) and of the input given the
+    output (reverse) under the model; per-set means are over the set's rows."""
+    from grammarrl.chat import encode_prompt
+    from grammarrl.scoring import sequence_logprobs
+
+    model, tok = tiny
+    cfg = eval_config("eval.score_rewards=true", "eval.num_test_sets=2")
+    res = evaluate(cfg, model, tok, task, "greedy", tmp_path, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    sets = task.test_sets(2, 4, cfg.seed)
+    examples = {ex.uid: ex for s in sets for ex in s}
+    end = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
+    for row in rows:
+        ex = examples[row["uid"]]
+        prompt = encode_prompt(tok, task.forward_messages(ex))
+        output = tok.encode(row["prediction"], add_special_tokens=False) + [end]
+        reverse_prompt = encode_prompt(tok, task.reverse_messages(row["prediction"]))
+        x_ids = tok.encode(ex.input, add_special_tokens=False)
+        with torch.no_grad():
+            direct = sequence_logprobs(model, [prompt + output], [len(prompt)], share_prefix=False)[0]
+            reverse = sequence_logprobs(model, [reverse_prompt + x_ids], [len(reverse_prompt)],
+                                        share_prefix=False)[0]
+        if row["finished"] and len(output) == row["num_tokens"]:  # same tokenization as decoded
+            assert row["reward_direct"] == pytest.approx(direct.mean().item(), abs=1e-4)
+        assert row["reward_reverse"] == pytest.approx(reverse.mean().item(), abs=1e-4)
+    for i, per_set in enumerate(res["per_set"]):
+        mine = [r for r in rows if r["set"] == i]
+        assert per_set["reward_direct"] == pytest.approx(
+            sum(r["reward_direct"] for r in mine) / len(mine))
+        assert per_set["reward_reverse"] == pytest.approx(
+            sum(r["reward_reverse"] for r in mine) / len(mine))
+
+
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
 def test_beam_eval_matches_the_decoder(tiny, task, tmp_path, length_penalty):
     from grammarrl.chat import encode_prompt

@@ -65,6 +65,28 @@ def test_logged_rewards_are_finite_and_metrics_kept(trained):
     assert len(samples) == 3 and len(samples[0]["candidates"]) == 4  # N=3 samples + beam
 
 
+def test_validation_curves_start_at_step_0_with_greedy_rewards(trained):
+    """Validation runs before the first step (step 0) and every val_check_interval steps, and
+    logs the reward of the greedy outputs under the reference next to F1 and empty fields."""
+    _, out, _ = trained
+    import csv
+
+    rows = list(csv.DictReader(open(out / "metrics" / "metrics.csv")))
+    val = [r for r in rows if r.get("val/dev_micro_f1")]
+    assert [int(float(r["val/dev_trained_steps"])) for r in val] == [0, 2]
+    from experiments.analysis import read_metrics
+    from experiments.runs import Run
+    from omegaconf import OmegaConf
+
+    assert [s for s, _ in read_metrics(Run(out, OmegaConf.create()))["val/dev_micro_f1"]] == [0, 2]
+    for row in val:
+        direct, reverse = float(row["val/dev_reward_direct"]), float(row["val/dev_reward_reverse"])
+        assert direct < 0 and reverse < 0  # mean log-probs
+        assert math.isfinite(float(row["val/dev_reward"]))
+        assert 0.0 <= float(row["val/dev_empty_field_rate"]) <= 100.0
+        assert 0.0 <= float(row["val/dev_validity"]) <= 1.0
+
+
 def test_results_written_for_trained_and_baseline(trained):
     _, out, results = trained
     for name in ("results", "results_baseline"):

@@ -30,7 +30,8 @@ from omegaconf import DictConfig
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, smc
-from grammarrl.evaluate import decode_examples, is_valid, load_evaluated_model
+from grammarrl.evaluate import (decode_examples, is_valid, load_evaluated_model, output_rewards,
+                                reward_fields, reward_means)
 from grammarrl.results import adapter_name, build_results, mean_std, run_dir, write_results
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
@@ -201,6 +202,8 @@ def search(
     chosen = {m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()} for m in selectors}
     selected = {uid: populations[uid].generations[i] for uid, i in chosen[method].items()}
 
+    rewards = (output_rewards(model, tokenizer, task, all_examples, selected, progress)
+               if cfg.eval.score_rewards else None)
     draws = int(s.posterior_draws)
     scores, per_set, rows, selections = [], [], [], {m: [] for m in selectors}
     posterior_weighted = []
@@ -227,6 +230,7 @@ def search(
                 "task_validity": result.validity,
                 "posterior_weighted": pw,
                 "details": result.details,
+                **(reward_means(rewards, test_set) if rewards is not None else {}),
             }
         )
         for ex, gen, item in zip(test_set, gens, result.per_example):
@@ -240,7 +244,7 @@ def search(
                     populations[ex.uid],
                     chosen[method][ex.uid],
                     {m: chosen[m][ex.uid] for m in selectors},
-                )
+                ) | reward_fields(rewards, ex.uid)
             )
 
     unique = list(selected.values())

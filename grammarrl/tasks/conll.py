@@ -25,6 +25,31 @@ FIELDS = ("person", "organization", "location", "misc")
 TAG_FIELDS = {"PER": "person", "ORG": "organization", "LOC": "location", "MISC": "misc"}
 
 
+def output_fields(text: str) -> dict[str, str]:
+    """The four fields of an output as written (vocabulary not checked); an output that is not
+    a JSON object leaves every field empty."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return dict.fromkeys(FIELDS, "")
+    if not isinstance(value, dict):
+        return dict.fromkeys(FIELDS, "")
+    return {f: value.get(f) if isinstance(value.get(f), str) else "" for f in FIELDS}
+
+
+def empty_field_rate(predictions: list[str], targets: list[str]) -> float:
+    """Percentage of the gold non-empty fields that the predictions leave empty (the paper's
+    "empty fields" statistic of the λ ablation); 0 when no gold field is filled."""
+    gold_filled = empty = 0
+    for prediction, target in zip(predictions, targets, strict=True):
+        gold, pred = output_fields(target), output_fields(prediction)
+        for field in FIELDS:
+            if gold[field]:
+                gold_filled += 1
+                empty += not pred[field]
+    return 100.0 * empty / gold_filled if gold_filled else 0.0
+
+
 def bio_spans(tokens: list[str], tags: list[str]) -> list[tuple[str, str]]:
     """(type, span text) in sentence order from IOB2 tags (an I- after O/another type opens)."""
     spans: list[tuple[str, list[str]]] = []
@@ -191,6 +216,8 @@ class ConllTask(CorpusTask):
             metric=self.metric_name,
             value=counts["micro"].f1,
             per_example=per_example,
-            details={name: prf.as_dict() for name, prf in counts.items()},
+            details={**{name: prf.as_dict() for name, prf in counts.items()},
+                     "empty_field_rate": empty_field_rate(predictions,
+                                                          [ex.target for ex in examples])},
             validity=validity_rate([p is not None for p in parsed]),
         )
