@@ -1,9 +1,11 @@
 """Aggregate sweep outputs into the paper's tables (Markdown + LaTeX) and figures (PNG).
 
     python -m experiments.aggregate REPORT SWEEP_DIR [SWEEP_DIR ...] [--out DIR]
+    python -m experiments.aggregate evidence2 TRAIN_SWEEP BASELINES_SWEEP [PROPOSAL_SWEEP]
 
 REPORT is one of: sweep (any sweep, one row per evaluation), main, ablation_lambda,
-ablation_rollout, calibration, inference_time. Everything is computed from the runs' results
+ablation_rollout, calibration, inference_time, evidence2 (the sweeps by role, in that order;
+experiments/evidence.py). Everything is computed from the runs' results
 files, predictions and logged metrics. Runs without results (failed or unfinished jobs) are
 listed in `runs.md` and on stderr. Output goes to `<first SWEEP_DIR>/aggregate/` by default.
 """
@@ -15,8 +17,16 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from experiments import analysis, figures, tables
-from experiments.runs import BASELINE, GRAMMARRL, AggregationError, Evaluation, Run, load_sweep
+from experiments import analysis, evidence, figures, tables
+from experiments.runs import (
+    BASELINE,
+    GRAMMARRL,
+    AggregationError,
+    Evaluation,
+    Run,
+    Sweep,
+    load_sweep,
+)
 from experiments.table import Block, Cell, Row, Table, to_latex, to_markdown
 
 
@@ -159,6 +169,12 @@ def report_inference(evals: list[Evaluation], out: Path, args: argparse.Namespac
     return write_table(tables.inference_table(evals, args.num_sets), out)
 
 
+def report_evidence2(sweep: Sweep, out: Path) -> list[Path]:
+    """dev_selection, comparison, mechanism (.md, .tex) and training_curves_evidence2.png."""
+    built, pngs = evidence.build(sweep, out)
+    return [path for table in built for path in write_table(table, out)] + pngs
+
+
 REPORTS = {
     "sweep": report_sweep,
     "main": report_main,
@@ -166,6 +182,7 @@ REPORTS = {
     "ablation_rollout": report_rollout,
     "inference_time": report_inference,
     "calibration": None,  # built from calibration entries, not evaluations
+    "evidence2": None,  # built from its sweeps by role (report_evidence2), unfinished runs too
 }
 
 
@@ -184,6 +201,9 @@ def aggregate(report: str, dirs: Sequence[str | Path], out: Path | None = None,
         if not found:
             raise AggregationError(f"{', '.join(map(str, dirs))}: no calibration results found")
         written = write_table(tables.calibration_table(found), out)
+    elif report == "evidence2":
+        finished = Run.finished.fget
+        written = report_evidence2(sweep, out)
     else:
         finished = Run.finished.fget
         evals = sweep.evaluations()
@@ -205,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.aggregate",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("report", choices=list(REPORTS))
-    parser.add_argument("dirs", nargs="+", help="sweep directories (multirun/<date>/<time>)")
+    parser.add_argument("dirs", nargs="+", help="sweep directories (multirun/<date>/<time>); "
+                        "evidence2: TRAIN BASELINES [PROPOSAL]")
     parser.add_argument("--out", type=Path, help="output directory (default <first dir>/aggregate)")
     parser.add_argument("--baselines", nargs="*", default=[],
                         help="sweeps holding the frozen-model evaluations for reference lines")

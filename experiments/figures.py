@@ -79,3 +79,27 @@ def against_lambda(points: Sequence[LambdaPoint], panels: Sequence[tuple[str, st
     if title:
         fig.suptitle(title)
     return _save(fig, path)
+
+
+def panel_grid(panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, float]]]]],
+               path: Path, columns: int = 3, xlabel: str = "training step") -> Path:
+    """Small multiples: one panel per (title, {line label: [(x, y)]}); a label keeps its colour
+    in every panel; the legend sits in the first panel with lines."""
+    labels = list(dict.fromkeys(label for _, lines in panels for label in lines))
+    rows = max(1, -(-len(panels) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
+    legend = False
+    for ax, (title, lines) in zip(axes.flat, panels):
+        for label, points in lines.items():
+            steps, values = zip(*points)
+            ax.plot(steps, values, color=f"C{labels.index(label)}", label=label,
+                    marker="." if len(points) <= 20 else None)
+        ax.set(title=title, xlabel=xlabel)
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        if lines and not legend:
+            ax.legend(fontsize=7)
+            legend = True
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    return _save(fig, path)
