@@ -44,7 +44,7 @@ SWEEP  := nice -n 10 $(PY) -m grammarrl.run -m
 AGG    := $(PY) -m experiments.aggregate
 CPUDIR := multirun/cpu
 
-.PHONY: evidence-cpu evidence-report sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
+.PHONY: evidence-cpu evidence-report evidence2-cpu sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
 	sweep-calibration-cpu sweep-inference-time-cpu paper-cpu
 
 # The whole chain in about a minute: a 2x2 sweep (λ x rollout beam) of the random tiny model.
@@ -84,6 +84,14 @@ EVIDENCE := $(CPUDIR)/evidence_conll $(CPUDIR)/evidence_gloss
 evidence-report: venv
 	$(AGG) main $(EVIDENCE) --out experiments/results/smollm2-cpu
 	$(AGG) ablation_lambda $(EVIDENCE) --baselines $(EVIDENCE) --out experiments/results/smollm2-cpu
+
+# Evidence II (issue 16; experiments/results/smollm2-cpu-2.md): the training sweep, 2 jobs at a
+# time, beside the frozen model's rows, one thread per job, into multirun/evidence2/. Hours:
+# re-run the same command to resume (finished jobs are skipped, training resumes from checkpoints).
+evidence2-cpu: venv
+	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence2_train_cpu hydra/launcher=local hydra.launcher.n_jobs=2 & \
+	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence2_baselines_cpu & \
+	wait
 
 # Every CPU-scale table, in dependency order (hours on 2 cores).
 paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \

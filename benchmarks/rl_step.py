@@ -102,7 +102,9 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     dtype and tokens, without grammar, masks, packing bookkeeping or Lightning:
     - rollout: one prefill of the prompt, then one decode call per step for the rows still
       running (each sample until its own length, the B beam rows until the winner's length),
-      against a preallocated StaticCache (no per-step cache copies);
+      their tokens run as one sequence after the prompt's KV, held once in a preallocated
+      StaticCache and rewritten in place (no copies; each row's own earlier tokens are left
+      out of its attention, at most 64 keys next to the prompt's ~1k);
     - scoring: one reference forward over prompt + all candidates (causal, one row) and one over
       the candidates' reverse prompts after their static part (not counted: it is cached);
     - policy / backward: one forward with gradient over prompt + all candidates, its backward;
@@ -135,17 +137,18 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
 
     @torch.no_grad()
     def rollout() -> None:
-        policy(input_ids=ids(prompt), use_cache=True, logits_to_keep=1)
-        cache, cache_rows = None, 0
-        for t in range(max(lengths)):
-            rows = sum(n > t for n in lengths[:num_samples]) + beam_width * (lengths[-1] > t)
-            if rows != cache_rows:  # a new batch size: a fresh cache (what it holds is not read)
-                cache = StaticCache(config=policy.config, max_cache_len=len(prompt) + max(lengths))
-                cache_rows = rows
-            position = torch.tensor([len(prompt) + t], device=device)
-            policy(input_ids=torch.zeros(rows, 1, dtype=torch.long, device=device),
-                   past_key_values=cache, cache_position=position,
-                   position_ids=position[None].expand(rows, 1))
+        rows_at = [sum(n > t for n in lengths[:num_samples]) + beam_width * (lengths[-1] > t)
+                   for t in range(max(lengths))]
+        cache = StaticCache(config=policy.config, max_cache_len=len(prompt) + max(rows_at))
+        policy(input_ids=ids(prompt), past_key_values=cache, logits_to_keep=1,
+               cache_position=torch.arange(len(prompt), device=device))
+        for t, rows in enumerate(rows_at):
+            # The running rows' tokens as one sequence after the prompt's KV, rewritten in place
+            # each step: each row reads the one prompt KV (its own earlier tokens are left out).
+            policy(input_ids=torch.zeros(1, rows, dtype=torch.long, device=device),
+                   past_key_values=cache,
+                   cache_position=torch.arange(len(prompt), len(prompt) + rows, device=device),
+                   position_ids=torch.full((1, rows), len(prompt) + t, device=device))
 
     @torch.no_grad()
     def scoring() -> None:
