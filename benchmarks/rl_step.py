@@ -145,6 +145,11 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
         for t, rows in enumerate(rows_at):
             # The running rows' tokens as one sequence after the prompt's KV, rewritten in place
             # each step: each row reads the one prompt KV (its own earlier tokens are left out).
+            # Recent Transformers write a StaticCache at its own running length, not at
+            # cache_position: rewind it to the prompt's end.
+            for layer in cache.layers:
+                if hasattr(layer, "cumulative_length"):
+                    layer.cumulative_length.fill_(len(prompt))
             policy(input_ids=torch.zeros(1, rows, dtype=torch.long, device=device),
                    past_key_values=cache,
                    cache_position=torch.arange(len(prompt), len(prompt) + rows, device=device),
