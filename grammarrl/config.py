@@ -43,6 +43,21 @@ class TaskSchema:
     max_new_tokens: int
     test_fraction: float = 0.5  # share of a single labelled pool (WoS) kept as the test pool
     sigmas: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # task=custom only (conf/task/custom.yaml documents them; grammarrl/tasks/custom.py)
+    spec: Any = None
+    train: Any = None
+    dev: Any = None
+    test: Any = None
+    input_field: Any = None
+    output_field: Any = None
+    demonstrations: Any = None
+    json_schema: Any = None
+    regex: Any = None
+    lark: Any = None
+    choices: Any = None
+    instruction: Any = None
+    output_format: Any = None
+    reverse_instruction: Any = None
 
 
 @dataclass
@@ -297,6 +312,9 @@ def validate(cfg: DictConfig) -> None:
         if key not in cfg:
             raise ConfigError(f"missing config key {key!r}")
     check_known_keys(cfg)
+    from grammarrl.tasks.custom import check_task_keys
+
+    check_task_keys(cfg)  # a custom task: its spec file merged into cfg.task, then checked
     typed = {group: _typed(group, cfg[group]) for group in SCHEMAS}
 
     _check(cfg.mode in MODES, "mode", cfg.mode, f"one of {', '.join(MODES)}")
@@ -306,7 +324,6 @@ def validate(cfg: DictConfig) -> None:
     _check(isinstance(cfg.seed, int), "seed", cfg.seed, "an integer")
 
     task, model = typed["task"], typed["model"]
-    _check(task.name in TASKS, "task", task.name, f"one of {', '.join(TASKS)}")
     _check(model.source in MODEL_SOURCES, "model.source", model.source, f"one of {MODEL_SOURCES}")
     for key in ("train_size", "dev_size", "batch_size", "max_steps", "max_new_tokens"):
         _check(task[key] >= 1, f"task.{key}", task[key], "an integer >= 1")
