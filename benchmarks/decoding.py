@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from benchmarks.common import Bench, BenchResult, interleaved, real_prompts
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.decoding.grammar import MaskComputer, lark_source
+from grammarrl.models import output_kv_cache, with_kv_cache
 
 
 @torch.inference_mode()
@@ -29,7 +30,7 @@ def plain_greedy(model: torch.nn.Module, prompt: list[int], num_tokens: int) -> 
     token = out.logits[:, -1].argmax(-1, keepdim=True)
     tokens = [int(token)]
     for _ in range(num_tokens - 1):
-        out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=token, use_cache=True, **with_kv_cache(output_kv_cache(out)))
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens.append(int(token))
     return tokens
@@ -225,8 +226,8 @@ def decode_step_growth(model: torch.nn.Module, prompt: list[int], rows: int, rep
     """Median seconds of one plain decode forward (one token per row) over `rows` rows vs over
     one row, each row with a cache as long as `prompt` (its contents do not change the cost)."""
     device = next(model.parameters()).device
-    cache = model(input_ids=torch.tensor([prompt], device=device), use_cache=True,
-                  logits_to_keep=1).past_key_values
+    cache = output_kv_cache(model(input_ids=torch.tensor([prompt], device=device), use_cache=True,
+                                  logits_to_keep=1))
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     seconds = {}
     for batch in (1, rows):
@@ -236,7 +237,7 @@ def decode_step_growth(model: torch.nn.Module, prompt: list[int], rows: int, rep
                                                 for k, v in kv])
             ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
             start = time.perf_counter()
-            model(input_ids=ids, past_key_values=wide, use_cache=True)
+            model(input_ids=ids, use_cache=True, **with_kv_cache(wide))
             return time.perf_counter() - start
         step()
         seconds[batch] = statistics.median(step() for _ in range(repeats))

@@ -16,6 +16,7 @@ import lightning as L
 import torch
 
 from benchmarks.common import Bench, BenchResult, release_memory
+from grammarrl.models import with_kv_cache
 from grammarrl.module import policy_train_mode
 
 PHASES = ("rollout", "scoring", "policy", "backward", "optimizer", "step")
@@ -140,7 +141,7 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
         rows_at = [sum(n > t for n in lengths[:num_samples]) + beam_width * (lengths[-1] > t)
                    for t in range(max(lengths))]
         cache = StaticCache(config=policy.config, max_cache_len=len(prompt) + max(rows_at))
-        policy(input_ids=ids(prompt), past_key_values=cache, logits_to_keep=1,
+        policy(input_ids=ids(prompt), **with_kv_cache(cache), logits_to_keep=1,
                cache_position=torch.arange(len(prompt), device=device))
         for t, rows in enumerate(rows_at):
             # The running rows' tokens as one sequence after the prompt's KV, rewritten in place
@@ -151,7 +152,7 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
                 if hasattr(layer, "cumulative_length"):
                     layer.cumulative_length.fill_(len(prompt))
             policy(input_ids=torch.zeros(1, rows, dtype=torch.long, device=device),
-                   past_key_values=cache,
+                   **with_kv_cache(cache),
                    cache_position=torch.arange(len(prompt), len(prompt) + rows, device=device),
                    position_ids=torch.full((1, rows), len(prompt) + t, device=device))
 

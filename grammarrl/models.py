@@ -7,12 +7,15 @@ so one copy of the weights serves both.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import importlib.util
 import json
 import logging
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -306,7 +309,28 @@ def add_lora(model: torch.nn.Module, lora_cfg: DictConfig) -> torch.nn.Module:
         target_modules=list(OmegaConf.to_container(lora_cfg.target_modules)),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    with peft_deprecations_quiet():
+        return get_peft_model(model, config)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (non-reentrant), under the name this Transformers
+    version uses (`activation_checkpointing_enable`; `gradient_checkpointing_enable` before)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@contextlib.contextmanager
+def peft_deprecations_quiet() -> Iterator[None]:
+    """PEFT calls Transformers' deprecated `is_gradient_checkpointing` when it wraps a model:
+    a FutureWarning users cannot act on, silenced here only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 def check_adapter_dir(adapter_dir: str | Path) -> Path:
@@ -323,7 +347,8 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: boo
 
     adapter_dir = check_adapter_dir(adapter_dir)
     try:
-        return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+        with peft_deprecations_quiet():
+            return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
     except (RuntimeError, ValueError, KeyError) as err:
         raise ModelError(
             f"adapter {adapter_dir} does not fit this base model ({type(err).__name__}: "
@@ -332,6 +357,27 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: boo
     except Exception as err:  # a truncated or corrupt weights file (safetensors, torch)
         raise ModelError(f"eval.adapter={adapter_dir}: the adapter weights cannot be read "
                          f"({type(err).__name__}: {str(err)[:200]})") from err
+
+
+@functools.cache
+def kv_cache_name() -> str:
+    """The model keyword and output field of the KV cache: `cache` in Transformers versions that
+    renamed it (where `past_key_values` is deprecated, to be removed in 5.40), else
+    `past_key_values`."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    fields = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in fields else "past_key_values"
+
+
+def with_kv_cache(cache: Any) -> dict[str, Any]:
+    """`model(..., **with_kv_cache(cache))` passes a KV cache under this version's name."""
+    return {kv_cache_name(): cache}
+
+
+def output_kv_cache(output: Any) -> Any:
+    """The KV cache a model call returned, under this version's name."""
+    return getattr(output, kv_cache_name())
 
 
 @contextlib.contextmanager

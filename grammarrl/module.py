@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import GrammarRLError, ModelError
+from grammarrl.models import enable_activation_checkpointing
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
 from grammarrl.rollout import RolloutBatch, collect_rollouts
@@ -64,7 +65,7 @@ class GrammarRLModule(L.LightningModule):
         self.sigma_reverse = sigma_reverse
         share = cfg.train.share_prefix
         if cfg.train.gradient_checkpointing:  # only in train mode: rollouts and scoring keep caches
-            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(policy)
         self.decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens,
                                           share_prefix=share)
         self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)

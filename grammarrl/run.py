@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 from grammarrl import rundir, tracking
 from grammarrl.config import compose_job_config, validate
 from grammarrl.errors import ConfigError, GrammarRLError
+from grammarrl.logs import quiet_third_party
 from grammarrl.results import hydra_run_dir, write_json
 
 log = logging.getLogger("grammarrl")
@@ -65,6 +66,7 @@ def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> None:
 
 def dispatch(cfg: DictConfig) -> object:
     """Validate the config and run its mode; raises GrammarRLError on user errors."""
+    quiet_third_party()
     validate(cfg)
     out = hydra_run_dir()
     plan = rundir.plan_job(cfg, out) if out is not None else rundir.Plan()

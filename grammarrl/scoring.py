@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from grammarrl.models import output_kv_cache, with_kv_cache
+
 
 @dataclass
 class Prefix:
@@ -34,7 +36,7 @@ def encode_prefix(model: torch.nn.Module, tokens: list[int]) -> Prefix:
     """Run `tokens` once and keep its KV cache (reusable only while the weights are unchanged)."""
     ids = torch.tensor([tokens], device=_model_device(model))
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    kv = [(layer.keys, layer.values) for layer in output_kv_cache(out).layers]
     return Prefix(tokens=list(tokens), kv=kv, last_logits=out.logits[:, -1])
 
 
@@ -134,7 +136,7 @@ def _packed_logprobs(model: torch.nn.Module, head: list[int], suffixes: list[lis
     keep = packed + (1 if head else 0)  # the prefix's last position predicts each first token
     out = model(input_ids=torch.tensor([ids], device=device), attention_mask=mask,
                 position_ids=torch.tensor([positions], device=device),
-                past_key_values=cached.cache() if cached is not None else None,
+                **with_kv_cache(cached.cache() if cached is not None else None),
                 use_cache=cached is not None, logits_to_keep=keep)
     logits = out.logits[0]
     if head:

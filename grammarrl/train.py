@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import logging
 from dataclasses import dataclass
@@ -248,8 +249,12 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     datamodule = GrammarRLDataModule(cfg, task)
     if resume is None and cfg.trainer.val_at_start:
         trainer.validate(module, datamodule=datamodule, verbose=False)  # the curves' step 0
-    trainer.fit(module, datamodule=datamodule,
-                ckpt_path=str(resume.path) if resume is not None else None)
+    # Our checkpoints hold RNG and sampler states besides tensors: load them in full.
+    resume_args = ({"ckpt_path": str(resume.path), "weights_only": False}
+                   if resume is not None else {})
+    if "weights_only" not in inspect.signature(trainer.fit).parameters:  # Lightning < 2.5
+        resume_args.pop("weights_only", None)
+    trainer.fit(module, datamodule=datamodule, **resume_args)
     # The final step, resumable. Not reached when fit raised (e.g. a non-finite loss), so
     # last.ckpt then stays the last good periodic checkpoint.
     trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")

@@ -15,6 +15,7 @@ import torch
 from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import BeamResult, ConstrainedDecoder, Generation, GrammarError
 from grammarrl.decoding.grammar import ll_tokenizer
+from grammarrl.models import kv_cache_name, output_kv_cache
 
 COLORS = ["red", "green", "blue", "dark red"]
 # A JSON object with an enum value and a short number.
@@ -64,7 +65,8 @@ class Sharpened(torch.nn.Module):
 
     def forward(self, **kwargs):
         out = self.inner(**kwargs)
-        return SimpleNamespace(logits=out.logits * self.scale, past_key_values=out.past_key_values)
+        return SimpleNamespace(logits=out.logits * self.scale,
+                               **{kv_cache_name(): output_kv_cache(out)})
 
 
 class WideLogits(torch.nn.Module):
@@ -80,7 +82,7 @@ class WideLogits(torch.nn.Module):
         logits = out.logits
         pad = torch.full((*logits.shape[:-1], self.extra), 5.0, dtype=logits.dtype)
         return SimpleNamespace(
-            logits=torch.cat([logits, pad], -1), past_key_values=out.past_key_values
+            logits=torch.cat([logits, pad], -1), **{kv_cache_name(): output_kv_cache(out)}
         )
 
 

@@ -11,6 +11,7 @@ import torch
 from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.decoding.grammar import ll_tokenizer
+from grammarrl.models import kv_cache_name, output_kv_cache
 from grammarrl.tasks import load_task
 from grammarrl.tasks.grammar_check import GrammarChecker
 from tests.conftest import compose_config
@@ -30,7 +31,7 @@ class EndBias(torch.nn.Module):
         out = self.inner(**kwargs)
         logits = out.logits.clone()
         logits[..., self.stop] += self.bias
-        return SimpleNamespace(logits=logits, past_key_values=out.past_key_values)
+        return SimpleNamespace(logits=logits, **{kv_cache_name(): output_kv_cache(out)})
 
 
 def check_validity(task, tok, gens, max_new):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grammarrl.models import add_lora, load_model, reference_mode
+from grammarrl.models import add_lora, enable_activation_checkpointing, load_model, reference_mode
 from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
 from grammarrl.scoring import sequence_logprobs
 from tests.conftest import compose_config
@@ -151,7 +151,7 @@ def test_gradient_same_packed_padded_and_checkpointed(tiny_policy):
         return {n: p.grad.clone() for n, p in tiny_policy.named_parameters() if p.requires_grad}
 
     padded, packed = gradients(False), gradients(True)
-    tiny_policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(tiny_policy)
     tiny_policy.train()
     checkpointed = gradients(True)
     assert tiny_policy.base_model.model.model.layers[0].gradient_checkpointing

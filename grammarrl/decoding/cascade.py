@@ -171,7 +171,7 @@ class SharedPromptCache:
 
     Built from each prompt's per-layer (keys, values) at batch 1; `select` then says, before each
     decode step, which prompt every row belongs to and which old row it continues. It is passed
-    to the model both as `past_key_values` (the model's attention layers `update` it with the
+    to the model both as its KV cache (the model's attention layers `update` it with the
     step's keys and values) and as the `CACHE_KWARG` keyword that reaches the attention function.
     """
 

@@ -40,6 +40,7 @@ from grammarrl.decoding.cascade import (
     supports_cascade,
 )
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
+from grammarrl.models import output_kv_cache, with_kv_cache
 from grammarrl.decoding.types import BeamResult, Generation
 
 log = logging.getLogger(__name__)
@@ -249,11 +250,11 @@ class ConstrainedDecoder:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **with_kv_cache(cache),
             **kwargs,
         )
-        return out.logits[:, -1, :].float(), out.past_key_values
+        return out.logits[:, -1, :].float(), output_kv_cache(out)
 
     def _prefill(
         self, prompt: list[int], prefix: tuple[int, list] | None = None

@@ -1,0 +1,51 @@
+"""Console hygiene for jobs: third-party messages users cannot act on are dropped, each matched
+by its own text (never by module or category alone), so our warnings and errors, and every other
+library warning, still show. Called once per job by the entry point."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# (message regex, why it is noise for a GrammarRL user)
+THIRD_PARTY_WARNINGS = (
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+     "Lightning's own pytree helper against newer torch; nothing to change on our side"),
+    (r"Found \d+ module\(s\) in eval mode at the start of training",
+     "by design: rollouts and the policy pass keep dropout layers in eval mode"),
+    (r"You're resuming from a checkpoint that ended before the epoch ended",
+     "our batches are indexed by step, so a resumed run replays the same inputs exactly"),
+    (r"Previous log files in this directory will be deleted",
+     "a resumed run keeps the earlier metrics rows (grammarrl.train merges them back)"),
+)
+THIRD_PARTY_INFO = (
+    "💡 Tip:",  # Lightning advertising other products
+)
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_third_party() -> None:
+    """Drop the known third-party noise, and Lightning's second console handler: Lightning adds
+    its own when it is imported before logging is configured, so under Hydra (which logs to the
+    console and the job's log file) every Lightning line was printed twice."""
+    for pattern, _why in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    drop = _DropMessages(THIRD_PARTY_INFO)
+    root_has_handlers = logging.getLogger().hasHandlers()
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if root_has_handlers and type(handler) is logging.StreamHandler:
+                logger.removeHandler(handler)
+        for child in (name, f"{name}.utilities.rank_zero"):
+            if not any(isinstance(f, _DropMessages) for f in logging.getLogger(child).filters):
+                logging.getLogger(child).addFilter(drop)
