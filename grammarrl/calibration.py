@@ -42,8 +42,14 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
     """Everything the σ's depend on beyond the key: the data and dev inputs, the model's weights
     and dtype, how prompts and candidates are built, and the sampling stream (seed and the
     batches it is drawn in). An entry measured under other conditions is not reused."""
+    from grammarrl.tasks.custom import is_custom
+
     model = {k: v for k, v in config_dict(cfg.model).items() if k not in ("name", "dtype")}
+    # A custom task is defined by its configuration (files, constraint, prompts): two specs
+    # sharing a name must not share σ's. Built-in tasks are fixed by name and the keys below.
+    task = {"task": config_dict(cfg.task)} if is_custom(cfg.task) else {}
     return {
+        **task,
         "data_dir": cfg.data.dir,
         "data_source": cfg.data.source,
         "split_seed": cfg.data.split_seed,

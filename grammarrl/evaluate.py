@@ -80,7 +80,9 @@ def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> tuple[int
     rejected (those examples can never be predicted exactly: a grammar or data problem)."""
     from grammarrl.tasks.grammar_check import GrammarChecker
 
-    golds = list(dict.fromkeys(ex.target for ex in examples))
+    golds = list(dict.fromkeys(ex.target for ex in examples if ex.target))  # unlabelled: none
+    if not golds:
+        return 0, 0
     rejected = GrammarChecker(task.grammar(), tokenizer).rejected(golds)
     if rejected:
         log.warning(

@@ -94,3 +94,20 @@ def test_calibration_log_states_the_real_number_of_inputs(tiny, tmp_path, caplog
     assert (f"calibrating conll/tiny/n2_b1 on {held} dev inputs (task.dev_size=100; the dev "
             f"split holds {held})") in caplog.text
     assert held < 100 and entry["num_inputs"] == held and entry["dev_size"] == 100
+
+
+def test_custom_tasks_sharing_a_name_do_not_share_sigmas(tmp_path):
+    """A custom task is its configuration: σ's measured for one spec are not reused for another
+    spec under the same task name (here: another instruction)."""
+    from grammarrl.tasks.custom import resolve_spec
+
+    spec = "task.spec=examples/support_tickets/task.yaml"
+    cfg = _cfg(tmp_path, "task=custom", spec, "model=tiny")
+    resolve_spec(cfg)
+    store_sigmas(cfg, {"sigma_direct": 0.5, "sigma_reverse": 0.2, **calibration_conditions(cfg)})
+    again = _cfg(tmp_path, "task=custom", spec, "model=tiny")
+    resolve_spec(again)
+    assert lookup_sigmas(again)[:2] == (0.5, 0.2)
+    other = _cfg(tmp_path, "task=custom", spec, "model=tiny", "task.instruction=Answer briefly.")
+    resolve_spec(other)
+    assert other.task.name == cfg.task.name and lookup_sigmas(other) is None
