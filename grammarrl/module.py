@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
 from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks.base import Example, Task
+
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(GrammarRLError):
@@ -51,6 +55,43 @@ def policy_train_mode(policy: torch.nn.Module, dropout: bool) -> None:
                 module.eval()
 
 
+def identical_groups(groups: list[list[Any]], valid: torch.Tensor) -> torch.Tensor:
+    """Per group: True when all its valid candidates are the same output (or fewer than two are
+    valid). Such a group gives RLOO nothing to compare: every advantage is 0."""
+    flags = []
+    for group, ok in zip(groups, valid.tolist()):
+        outputs = {tuple(g.token_ids) for g, keep in zip(group, ok) if keep}
+        flags.append(len(outputs) <= 1)
+    return torch.tensor(flags)
+
+
+class SignalWatch:
+    """Collects the steps at which every rollout group was identical (no learning signal) and
+    reports each stretch of them once, with its step range, when it ends."""
+
+    def __init__(self) -> None:
+        self.start: int | None = None
+        self.last: int | None = None
+
+    def update(self, step: int, silent: bool) -> str | None:
+        """Record one step; returns a warning when a silent stretch has just ended."""
+        if silent:
+            self.start = step if self.start is None else self.start
+            self.last = step
+            return None
+        return self.flush()
+
+    def flush(self) -> str | None:
+        """The warning for a stretch still open (at the end of training), else None."""
+        if self.start is None:
+            return None
+        message = (f"steps {self.start}-{self.last}: every rollout group's candidates were "
+                   "identical, so RLOO had no signal (all advantages 0) and the policy moved only "
+                   "through the KL term; the rollouts have collapsed (see train/identical_groups)")
+        self.start = self.last = None
+        return message
+
+
 class GrammarRLModule(L.LightningModule):
     """Policy = base model + LoRA; reference = the same model with the adapter disabled."""
 
@@ -73,6 +114,7 @@ class GrammarRLModule(L.LightningModule):
         self.samples: list[dict[str, Any]] = []
         self.last_checkpoint_step: int | None = None  # global step of the last checkpoint saved
         self.phase_history: list[dict[str, float]] = []  # phase_seconds of every step run here
+        self.signal = SignalWatch()
 
     def setup(self, stage: str) -> None:
         # A distinct, reproducible sampling stream per rank (DDP: each rank rolls out its inputs).
@@ -171,6 +213,10 @@ class GrammarRLModule(L.LightningModule):
         def valid_mean(values: torch.Tensor) -> torch.Tensor:
             return values[valid].mean()
 
+        identical = identical_groups(out.groups, out.valid)
+        warning = self.signal.update(self.global_step, bool(identical.all()))
+        if warning:
+            log.warning(warning)
         metrics = {
             "train/loss": loss.detach(),
             "train/loss_pg": parts["loss/pg"],
@@ -184,6 +230,7 @@ class GrammarRLModule(L.LightningModule):
             "train/validity": torch.tensor([g.finished for g in gens], dtype=torch.float).mean(),
             "train/truncated": torch.tensor([g.truncated for g in gens], dtype=torch.float).mean(),
             "train/beam_best_share": beam_best,
+            "train/identical_groups": identical.float().mean(),
             "train/candidate_tokens": torch.tensor(
                 [len(g.token_ids) for g in gens], dtype=torch.float).mean(),
         }
@@ -196,6 +243,11 @@ class GrammarRLModule(L.LightningModule):
             "candidates": [g.text for g in first],
             "rewards": [round(v, 4) for v in rewards[0].tolist()],
         })
+
+    def on_train_end(self) -> None:
+        warning = self.signal.flush()
+        if warning:
+            log.warning(warning)
 
     def validation_step(self, batch: list[Example], batch_idx: int, dataloader_idx: int = 0) -> None:
         """Greedy outputs of the current policy, and their reward under the frozen reference

@@ -110,3 +110,28 @@ def test_an_empty_beam_candidate_is_dropped_through_reward_and_loss(tiny):
     expected = rloo_advantages(step.rewards[:, :-1])  # RLOO over the six samples alone
     torch.testing.assert_close(step.advantages[:, :-1], expected)
     step.loss.backward()
+
+
+def test_identical_groups_and_the_no_signal_warning():
+    """A group whose valid candidates are all the same output has no RLOO signal; stretches of
+    steps where every group is like that are reported once each, with their step range."""
+    from types import SimpleNamespace
+
+    from grammarrl.module import SignalWatch, identical_groups
+
+    def gen(*ids):
+        return SimpleNamespace(token_ids=list(ids))
+
+    groups = [[gen(1, 2), gen(1, 2), gen(1, 2)],      # identical
+              [gen(1, 2), gen(1, 3), gen(1, 2)],      # differ
+              [gen(5), gen(), gen(5)],                # identical once the empty one is dropped
+              [gen(7), gen(), gen()]]                 # one valid candidate: nothing to compare
+    valid = torch.tensor([[True] * 3, [True] * 3, [True, False, True], [True, False, False]])
+    assert identical_groups(groups, valid).tolist() == [True, False, True, True]
+
+    watch = SignalWatch()
+    reports = [watch.update(step, silent) for step, silent in
+               enumerate([False, True, True, False, True])]
+    assert reports[:3] == [None, None, None] and reports[4] is None
+    assert reports[3].startswith("steps 1-2:")
+    assert watch.flush().startswith("steps 4-4:") and watch.flush() is None
