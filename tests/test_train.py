@@ -87,6 +87,19 @@ def test_validation_curves_start_at_step_0_with_greedy_rewards(trained):
         assert 0.0 <= float(row["val/dev_validity"]) <= 1.0
 
 
+def test_checkpoint_adapter_matches_the_saved_adapter(trained, tmp_path):
+    """experiments.checkpoint_adapter: the last checkpoint's LoRA weights, saved as an adapter,
+    equal the adapter training saved from the same final state."""
+    from experiments.checkpoint_adapter import checkpoint_adapter
+
+    _, out, _ = trained
+    assert checkpoint_adapter(out, tmp_path / "adapter") == 3
+    ours = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert set(ours) == set(saved)
+    assert all(torch.equal(ours[k], saved[k]) for k in saved)
+
+
 def test_results_written_for_trained_and_baseline(trained):
     _, out, results = trained
     for name in ("results", "results_baseline"):
