@@ -146,8 +146,8 @@ def output_rewards(model: torch.nn.Module, tokenizer: Any, task: Task, examples:
 
     scorer = ReferenceScorer(model, tokenizer, task)
     unique = list({ex.uid: ex for ex in examples}.values())
-    return {ex.uid: scorer.score_outputs([ex], [outputs[ex.uid].token_ids],
-                                         [outputs[ex.uid].text])[0]
+    return {ex.uid: scorer.score_output(ex, encode_prompt(tokenizer, task.forward_messages(ex)),
+                                        outputs[ex.uid].token_ids, outputs[ex.uid].text)
             for ex in tqdm(unique, desc="reference rewards", unit="ex", disable=not progress)}
 
 

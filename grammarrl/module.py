@@ -256,7 +256,8 @@ class GrammarRLModule(L.LightningModule):
         prompts = [encode_prompt(self.tokenizer, self.task.forward_messages(ex)) for ex in batch]
         with torch.no_grad():
             gens = self.decoder.greedy(prompts)
-        rewards = self.scorer.score_outputs(batch, [g.token_ids for g in gens], [g.text for g in gens])
+        rewards = [self.scorer.score_output(ex, prompt, g.token_ids, g.text)
+                   for ex, prompt, g in zip(batch, prompts, gens)]
         self._val_preds.setdefault(dataloader_idx, []).extend(zip(gens, batch, rewards))
 
     def on_validation_epoch_start(self) -> None:

@@ -78,18 +78,12 @@ class ReferenceScorer:
             ref_logp=torch.stack([lp.sum() for lp in forward]),
         )
 
-    @torch.no_grad()
-    def score_outputs(self, examples: list[Example], token_ids: list[list[int]], texts: list[str]
-                      ) -> list[tuple[float, float] | None]:
-        """(R_direct, R_reverse) of one output per example (e.g. what greedy decoding emitted,
-        end-of-turn included), or None for an empty output (nothing to score)."""
-        scored: list[tuple[float, float] | None] = []
-        for example, ids, text in zip(examples, token_ids, texts, strict=True):
-            if not ids:
-                scored.append(None)
-                continue
-            prompt = encode_prompt(self.tokenizer, self.task.forward_messages(example))
-            scores = self.score(example, prompt, [list(ids)], [text])
-            scored.append((float(scores.direct[0]), float(scores.reverse[0])))
-        return scored
-
+    def score_output(self, example: Example, prompt: list[int], token_ids: list[int], text: str
+                     ) -> tuple[float, float] | None:
+        """(R_direct, R_reverse) of one output of `example` (e.g. what greedy decoding emitted,
+        end-of-turn included) after its forward `prompt`; None for an empty output (nothing to
+        score)."""
+        if not token_ids:
+            return None
+        scores = self.score(example, prompt, [list(token_ids)], [text])
+        return float(scores.direct[0]), float(scores.reverse[0])
