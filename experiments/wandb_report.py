@@ -1,6 +1,6 @@
 """A saved W&B report comparing the runs of one sweep side by side (W&B Reports API).
 
-    pip install wandb-workspaces            # the Reports and Workspaces API (not a dependency)
+    pip install -e '.[report]'              # the Reports API (wandb-workspaces; `make venv` does)
     python -m experiments.wandb_report --entity ME --group multirun/2025-01-01/12-00-00 --save
 
 The runs of a sweep share the W&B group `logger.group` (by default the sweep directory) and
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,9 +30,11 @@ COMPARISONS = (  # (title, config keys the runs are grouped by)
 def build_report(project: str, entity: str, group: str, title: str | None = None) -> Any:
     """The report object (not saved): one panel grid per comparison over the sweep's runs."""
     try:
-        import wandb_workspaces.reports.v2 as wr
+        with warnings.catch_warnings():  # its Pydantic-V1-style validators warn on import
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import wandb_workspaces.reports.v2 as wr
     except ImportError:
-        raise SystemExit("the W&B Reports API is missing: pip install wandb-workspaces") from None
+        raise SystemExit("the W&B Reports API is missing: pip install -e '.[report]'") from None
 
     step = "trainer/global_step"
     panels = [

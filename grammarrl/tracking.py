@@ -9,6 +9,7 @@ into this run through Lightning's WandbLogger; every mode's results go to the ru
 from __future__ import annotations
 
 import contextlib
+import json
 import netrc
 import os
 import sys
@@ -20,7 +21,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig
 
 from grammarrl.errors import ConfigError
-from grammarrl.results import config_dict
+from grammarrl.results import config_dict, predictions_name
 
 TRACKED_MODES = ("train", "eval", "search", "calibrate")
 DEFAULT_HOST = "https://api.wandb.ai"
@@ -117,14 +118,12 @@ def current_run() -> Any:
 def results_summary(result: Mapping[str, Any]) -> dict[str, Any]:
     """Flat summary values of a mode's return value: `<results name>/<field>` for each results
     record (train returns several, keyed by evaluation), numbers as they are otherwise."""
-    records = {k: v for k, v in result.items() if isinstance(v, Mapping) and "metric" in v}
-    if "metric" in result:
-        records = {"results": result}
+    records = results_records(result)
     if not records:
         return {k: v for k, v in result.items() if isinstance(v, (int, float, str))}
     summary: dict[str, Any] = {}
-    for key, record in records.items():
-        name = Path(str(record.get("path", key))).stem
+    for record in records:
+        name = Path(str(record.get("path", "results"))).stem
         for field in ("metric", "mean", "std", "scores", "validity", "truncated", "adapter",
                       "decoding", "examples_per_second"):
             if field in record:
@@ -132,7 +131,40 @@ def results_summary(result: Mapping[str, Any]) -> dict[str, Any]:
     return summary
 
 
+def results_records(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The results records of a mode's return value (train returns several, keyed by
+    evaluation; eval and search return one)."""
+    if "metric" in result:
+        return [result]
+    return [v for v in result.values() if isinstance(v, Mapping) and "metric" in v]
+
+
+def predictions_table(results_path: Path) -> tuple[str, Any] | None:
+    """(key, wandb.Table) of the predictions file written beside a results file: one row per
+    (test set, example), nested fields as JSON text; None when there is no such file."""
+    import wandb
+
+    path = results_path.with_name(predictions_name(results_path.stem))
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    data = [[table_cell(row.get(column)) for column in columns] for row in rows]
+    return path.stem, wandb.Table(columns=columns, data=data)
+
+
+def table_cell(value: Any) -> Any:
+    """A W&B table cell: numbers, text and booleans as they are, anything else as JSON."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else \
+        json.dumps(value, ensure_ascii=False)
+
+
 def log_results(run: Any, result: object) -> None:
-    """Put a mode's results into the run's summary (nothing without a run)."""
-    if run is not None and isinstance(result, Mapping):
-        run.summary.update(results_summary(result))
+    """Put a mode's results into the run's summary and its predictions into tables (one per
+    results file, e.g. `predictions`, `predictions_beam`); nothing without a run."""
+    if run is None or not isinstance(result, Mapping):
+        return
+    run.summary.update(results_summary(result))
+    tables = [predictions_table(Path(record["path"])) for record in results_records(result)
+              if record.get("path")]
+    run.log(dict(table for table in tables if table is not None))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import inspect
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from grammarrl.models import add_lora, load_model, reference_mode
 from grammarrl.module import GrammarRLModule
 from grammarrl.results import ResultsWriteError, atomic_write, config_dict, run_dir, write_jsonl
 from grammarrl.rundir import BOOKKEEPING, CONTINUABLE, describe, differing_keys
-from grammarrl.tracking import current_run
+from grammarrl.tracking import current_run, table_cell
 
 log = logging.getLogger(__name__)
 
@@ -292,8 +291,7 @@ def _save_samples(trainer: L.Trainer, samples: list[dict[str, Any]], out: Path) 
         if isinstance(logger, WandbLogger) and samples:
             columns = list(samples[0])
             logger.log_table(key="rollout_samples", columns=columns,
-                             data=[[json.dumps(r[c]) if isinstance(r[c], list) else r[c]
-                                    for c in columns] for r in samples])
+                             data=[[table_cell(r[c]) for c in columns] for r in samples])
 
 
 def _print_summary(results: dict[str, dict[str, Any]]) -> None:

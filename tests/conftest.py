@@ -42,3 +42,58 @@ def real_data_dir() -> Path:
     if not value or not Path(value).is_dir():
         pytest.skip("real data not found: set GRAMMARRL_DATA_DIR (CI sets it to ../shared/data)")
     return Path(value)
+
+
+@pytest.fixture(scope="session")
+def read_wandb_offline():
+    """A reader of an offline W&B run as W&B wrote it: `read(run_dir)` -> dict with `run` (the
+    run record: tags, group, job type), `config`, `summary` (merged updates), `history` (one
+    dict per logged step) and `tables` (name -> parsed table JSON under files/media/table)."""
+    return _read_wandb_offline
+
+
+def _read_wandb_offline(run_dir: Path) -> dict:
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = Path(run_dir).glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    # LevelDB log format after a 7-byte header: 32 KiB blocks of chunks (crc, length, type).
+    block, pos, pending, found = 32768, 7, b"", {"history": [], "summary": {}, "config": {}}
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a FULL chunk, or the LAST of a FIRST/MIDDLE/LAST sequence
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            _collect(record, found)
+    tables = Path(run_dir) / "files" / "media" / "table"
+    found["tables"] = {p.name.rsplit("_", 2)[0]: json.loads(p.read_text())
+                       for p in tables.glob("*.table.json")}
+    return found
+
+
+def _collect(record, found: dict) -> None:
+    import json
+
+    def items(updates) -> dict:
+        return {u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in updates}
+
+    kind = record.WhichOneof("record_type")
+    if kind == "run":
+        found["run"] = record.run
+        found["config"].update(items(record.run.config.update))
+    elif kind == "config":
+        found["config"].update(items(record.config.update))
+    elif kind == "history":
+        found["history"].append(items(record.history.item))
+    elif kind == "summary":
+        found["summary"].update(items(record.summary.update))

@@ -364,7 +364,6 @@ def test_wandb_logger_groups_a_sweep():
 
 
 def test_wandb_report_definition():
-    pytest.importorskip("wandb_workspaces")
     from experiments.wandb_report import build_report
 
     report = build_report("grammarrl", "me", "multirun/2025-01-01/12-00-00")
