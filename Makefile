@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench clean
+.PHONY: venv run test test-fast bench report clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,15 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
+
+# Tables (Markdown, LaTeX), figures and the main table printed, for any sweep or run folder:
+#   make report                     the newest sweep under multirun/
+#   make report RUNS=multirun/2026-01-01/12-00-00 REPORT=main
+RUNS   ?= $(patsubst %/multirun.yaml,%,$(shell ls -t multirun/*/*/multirun.yaml 2>/dev/null | head -1))
+REPORT ?= sweep
+report: venv
+	@test -n "$(RUNS)" || { echo "no sweep found under multirun/: make report RUNS=<sweep dir>"; exit 2; }
+	$(PY) -m experiments.aggregate $(REPORT) $(RUNS)
 
 # Performance benchmarks (benchmarks/README.md): ratios vs goals, written to bench.json.
 bench: venv

@@ -64,6 +64,10 @@ def curves_figure(evals: Sequence[Evaluation], out: Path, name: str,
             continue
         series = analysis.read_metrics(ev.run)
         train, dev = series.get(f"val/train_{ev.metric}", []), series.get(f"val/dev_{ev.metric}", [])
+        if len(dev) < 2:
+            print(f"note: {ev.run.path} was validated at {len(dev)} step(s), so {name}.png has "
+                  f"no dev line for it (trainer.val_check_interval={ev.get('trainer.val_check_interval')}"
+                  f", optim.max_steps={ev.get('optim.max_steps')})", file=sys.stderr)
         if train or dev:
             curves.append(figures.Curve(ev.task, label(ev), train, dev))
             metric_names[ev.task] = ev.metric
@@ -237,8 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AggregationError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for path in written:
-        print(path)
+    main_table = next((p for p in written if p.suffix == ".md" and p.name != "runs.md"), None)
+    if main_table is not None:
+        print(main_table.read_text(encoding="utf-8"))
+    print("written:", *written, sep="\n  ")
     return 0
 
 

@@ -26,6 +26,7 @@ from grammarrl.rundir import read_record
 RESULTS_GLOB = "results*.json"
 BASELINE = "baseline"
 GRAMMARRL = "grammarrl"
+NO_RESULTS_MODES = ("prepare", "calibrate")  # modes whose output is not a results file
 
 
 class AggregationError(RuntimeError):
@@ -155,6 +156,10 @@ class Run:
 
     @property
     def finished(self) -> bool:
+        """Its results files exist; for `prepare` and `calibrate` (which write none), it wrote
+        `timing.json` (only a job that completed does) and no `failed.json`."""
+        if self.mode in NO_RESULTS_MODES:
+            return (self.path / "timing.json").is_file() and not (self.path / "failed.json").exists()
         return bool(self.results_files)
 
     @property
@@ -177,7 +182,7 @@ class Run:
         """The job's wall time (model loading, calibration, training, every evaluation) from
         the `timing.json` a completed job writes; None when unknown."""
         path = self.path / "timing.json"
-        if not self.results_files or not path.is_file():
+        if not self.finished or not path.is_file():
             return None
         try:
             return float(json.loads(path.read_text())["wall_seconds"])

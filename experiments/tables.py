@@ -251,15 +251,24 @@ def _cost(evals: Sequence[Evaluation], predicate: Predicate, tasks: Sequence[str
     return text + (" (+ training)" if trained else "")
 
 
+def _trained_here(ev: Evaluation) -> bool:
+    return ev.system == GRAMMARRL and ev.mode == "train"
+
+
 DESCRIPTORS: dict[str, Callable[[Evaluation], Any]] = {
     "task": lambda ev: ev.task,
     "model": lambda ev: ev.model,
     "system": lambda ev: ev.system,
-    "λ": lambda ev: format_number(ev.lam) if ev.system == GRAMMARRL else None,
-    "N": lambda ev: ev.num_samples if ev.system == GRAMMARRL else None,
-    "B": lambda ev: ev.beam_width if ev.system == GRAMMARRL else None,
+    # training settings label the runs that trained (an eval job's own λ is not its adapter's)
+    "λ": lambda ev: format_number(ev.lam) if _trained_here(ev) else None,
+    "N": lambda ev: ev.num_samples if _trained_here(ev) else None,
+    "B": lambda ev: ev.beam_width if _trained_here(ev) else None,
     "decoding": lambda ev: ev.decoding + (f"({ev.results['beam_width']})"
                                           if ev.results.get("beam_width") else ""),
+    "search": lambda ev: (f"{ev.get('search.method')}({ev.get('search.particles')})"
+                          if ev.mode == "search" else None),
+    "adapter": lambda ev: (("trained" if ev.results.get("adapter") or ev.get("eval.adapter")
+                            else "frozen") if ev.mode in ("eval", "search") else None),
 }
 
 
@@ -280,8 +289,10 @@ def sweep_keys(evals: Sequence[Evaluation]) -> list[str]:
 
 
 def sweep_label(ev: Evaluation, keys: Sequence[str]) -> str:
-    """`λ=0.5 B=3`: the evaluation's values of the swept keys."""
-    return " ".join(f"{k}={DESCRIPTORS[k](ev)}" for k in keys)
+    """`λ=0.5 B=3`: the evaluation's values of the swept keys (those it has: a search run has
+    no λ); its system when it has none of them."""
+    values = [(k, DESCRIPTORS[k](ev)) for k in keys]
+    return " ".join(f"{k}={v}" for k, v in values if v is not None) or ev.system
 
 
 def sweep_table(evals: Sequence[Evaluation]) -> Table:

@@ -128,10 +128,43 @@ def test_errors_name_the_directory(tmp_path: Path):
     assert agg.main(["sweep", str(tmp_path / "nowhere")]) == 2
 
 
-def test_cli_writes_into_out(sweep_2x2: Path, tmp_path: Path, capsys):
+def test_cli_writes_into_out_and_prints_the_table(sweep_2x2: Path, tmp_path: Path, capsys):
     assert agg.main(["sweep", str(sweep_2x2), "--out", str(tmp_path / "o")]) == 0
-    assert (tmp_path / "o" / "sweep.md").is_file()
-    assert str(tmp_path / "o" / "sweep.tex") in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert (tmp_path / "o" / "sweep.md").read_text() in printed
+    assert "| λ=1 B=3 | **0.600 ± 0.141** |" in printed
+    assert str(tmp_path / "o" / "sweep.tex") in printed
+
+
+def test_search_and_adapter_runs_are_labelled_by_what_they_ran(tmp_path: Path):
+    root = tmp_path / "mixed"
+    make_run(root, "0_greedy", mode="eval", results={"results": [0.2]})
+    make_run(root, "1_trained", mode="eval", results={"results": [0.3]},
+             extra_config={"eval": {"decoding": "greedy", "adapter": "run/adapter"}})
+    for index, (particles, adapter) in enumerate([(10, None), (3, "run/adapter")], start=2):
+        make_run(root, f"{index}_is", mode="search", results={"results": [0.4]},
+                 extra_config={"search": {"method": "is", "particles": particles},
+                               "eval": {"decoding": "greedy", "adapter": adapter}})
+    agg.aggregate("sweep", [root])
+    labels = list(md_rows((root / "aggregate" / "sweep.md").read_text()))[1:]
+    assert sorted(labels) == sorted([
+        "system=baseline adapter=frozen", "system=grammarrl adapter=trained",
+        "system=search/is search=is(10) adapter=frozen",
+        "system=search/is search=is(3) adapter=trained"])
+    assert not [label for label in labels if "None" in label]
+
+
+def test_prepare_and_calibrate_jobs_that_completed_are_not_missing(sweep_2x2: Path, capsys):
+    for mode in ("prepare", "calibrate"):
+        done = make_run(sweep_2x2, f"{mode}_done", mode=mode)
+        (done / "timing.json").write_text(json.dumps({"wall_seconds": 60.0}))
+        make_run(sweep_2x2, f"{mode}_crashed", mode=mode)  # no timing.json: it did not end
+    agg.aggregate("sweep", [sweep_2x2])
+    rows = md_rows((sweep_2x2 / "aggregate" / "runs.md").read_text())
+    assert rows["prepare_done"][:2] == rows["calibrate_done"][:2] == ["ok", "1.0 min"]
+    assert rows["prepare_crashed"][0] == rows["calibrate_crashed"][0] == "missing"
+    err = capsys.readouterr().err
+    assert "prepare_crashed" in err and "prepare_done" not in err
 
 
 # --- the paper's tables -----------------------------------------------------------------------
@@ -288,6 +321,17 @@ def test_training_curves_from_metrics_csv(tmp_path: Path):
     assert series["train/reward"] == [(0, 0.1), (1, 0.2), (3, 0.3)]
     written = agg.aggregate("sweep", [root])
     assert any(p.name == "training_curves.png" for p in written)
+
+
+def test_a_run_validated_once_is_named_with_the_settings_that_caused_it(tmp_path: Path, capsys):
+    root = tmp_path / "curves"
+    make_run(root, "r", results={"results": [0.5]},
+             metrics="step,train/reward,val/dev_conll_metric\n0,,0.2\n0,0.1,\n1,0.2,\n",
+             extra_config={"optim": {"max_steps": 2}, "trainer": {"val_check_interval": 50}})
+    agg.aggregate("sweep", [root])
+    err = capsys.readouterr().err
+    assert "validated at 1 step(s)" in err
+    assert "trainer.val_check_interval=50, optim.max_steps=2" in err
 
 
 # --- sweeps and launchers ---------------------------------------------------------------------
