@@ -21,7 +21,7 @@ THIRD_PARTY_WARNINGS = (
 THIRD_PARTY_INFO = (
     "💡 Tip:",  # Lightning advertising other products
 )
-LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")  # each may own one
 
 
 class _DropMessages(logging.Filter):
@@ -34,9 +34,12 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_third_party() -> None:
-    """Drop the known third-party noise, and Lightning's second console handler: Lightning adds
-    its own when it is imported before logging is configured, so under Hydra (which logs to the
-    console and the job's log file) every Lightning line was printed twice."""
+    """Drop the known third-party noise, and Lightning's own console handlers: importing
+    `lightning` adds one (and `lightning.pytorch`/`lightning.fabric` one each when logging is
+    not configured yet), so under Hydra (which logs to the console and the job's log file) every
+    Lightning line was printed twice."""
+    import lightning  # noqa: F401  (adds its console handlers on import: import it first)
+
     for pattern, _why in THIRD_PARTY_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     drop = _DropMessages(THIRD_PARTY_INFO)
@@ -46,6 +49,7 @@ def quiet_third_party() -> None:
         for handler in list(logger.handlers):
             if root_has_handlers and type(handler) is logging.StreamHandler:
                 logger.removeHandler(handler)
+                logger.propagate = True  # to the root's handlers, which print it once
         for child in (name, f"{name}.utilities.rank_zero"):
             if not any(isinstance(f, _DropMessages) for f in logging.getLogger(child).filters):
                 logging.getLogger(child).addFilter(drop)

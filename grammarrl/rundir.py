@@ -7,7 +7,9 @@
   again); without results (a killed or failed job) it runs and training resumes;
 - another mode: refused, whatever `overwrite` says: a directory holds one job's results;
 - other settings: refused, naming the keys that differ, unless `overwrite=true` (the outputs
-  are then deleted first). A training run may continue under changed `CONTINUABLE` keys
+  are then deleted first). The same holds when `device` or `model.dtype` resolve differently on
+  this machine than where the outputs were produced (`auto` is bfloat16 on a CPU with native
+  bf16, float32 on another). A training run may continue under changed `CONTINUABLE` keys
   (more steps, other evaluation settings): its stale results are removed and it resumes.
 
 On refusal Hydra has already rewritten `.hydra/` with the refused job's config; the files are
@@ -103,7 +105,8 @@ def read_record(out: Path) -> dict[str, Any] | None:
         config = data.get("config")
         if isinstance(config, dict):
             return {"mode": data.get("mode", config.get("mode")), "config": config,
-                    "hydra_files": data.get("hydra_files", {})}
+                    "hydra_files": data.get("hydra_files", {}),
+                    "resolved": data.get("resolved", {})}
     return None
 
 
@@ -134,15 +137,16 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
                 f"mode={cfg.mode} would write its results on top of them: give this job its own "
                 "directory (hydra.run.dir=... or hydra.sweep.dir=...)")
     changed = differing_keys(record["config"], new)
-    if not changed:
+    machine = machine_differences(record, stored_results(out), resolved_settings(cfg))
+    if not changed and not machine:
         done = stored_results(out) if cfg.mode in SKIPPABLE_MODES else None
         if done is not None and cfg.skip_completed:
             log.warning("Skipping this job: %s holds its results under the same settings "
                         "(skip_completed=false runs it again)", out)
             return Plan(done=done)
         return Plan()
-    what = describe(record["config"], new, changed)
-    if cfg.mode == "train" and all(_under(k, CONTINUABLE) for k in changed):
+    what = ", ".join(filter(None, [describe(record["config"], new, changed), *machine]))
+    if cfg.mode == "train" and not machine and all(_under(k, CONTINUABLE) for k in changed):
         log.warning("Continuing the training run in %s with %s; results made before are "
                     "removed and made again", out, what)
         return Plan(remove=outputs(out, RESULTS))
@@ -153,6 +157,27 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
     _refuse(out, record, f"{out} holds outputs produced with other settings: {what}; use a new "
             "directory (hydra.run.dir=... or hydra.sweep.dir=...), or overwrite=true to delete "
             "them and run here")
+
+
+def resolved_settings(cfg: DictConfig) -> dict[str, str]:
+    """What `device` and `model.dtype` resolve to on this machine (`auto` is bfloat16 on a
+    CPU with native bf16, float32 on another): outputs depend on it, the config does not say."""
+    from grammarrl.models import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg.device)
+    return {"device": device.type,
+            "dtype": str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch.")}
+
+
+def machine_differences(record: Mapping[str, Any], results: Mapping[str, Any] | None,
+                        here: Mapping[str, str]) -> list[str]:
+    """`dtype=bfloat16 (this machine: float32)` for each resolved setting the directory's
+    outputs were produced under (its record, else its results) that differs here."""
+    there = dict(record.get("resolved") or {})
+    if not there and results:  # a record written before resolved settings were recorded
+        there = {k: str(results[k]).split(":")[0] for k in ("device", "dtype") if results.get(k)}
+    return [f"{key}={there[key]} (this machine: {value})" for key, value in here.items()
+            if key in there and there[key] != value]
 
 
 def _refuse(out: Path, record: Mapping[str, Any], message: str) -> NoReturn:
@@ -175,6 +200,7 @@ def commit(cfg: DictConfig, out: Path, plan: Plan) -> None:
     write_json(out / RECORD, {
         "mode": cfg.mode,
         "config": config_dict(cfg),
+        "resolved": resolved_settings(cfg),
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "hydra_files": {name: (hydra_dir / name).read_text() for name in HYDRA_FILES
                         if (hydra_dir / name).is_file()},

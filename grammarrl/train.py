@@ -20,6 +20,7 @@ from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
 from grammarrl.models import add_lora, load_model, reference_mode
 from grammarrl.module import GrammarRLModule
+from grammarrl.progress import StepProgressBar
 from grammarrl.results import ResultsWriteError, atomic_write, config_dict, run_dir, write_jsonl
 from grammarrl.rundir import BOOKKEEPING, CONTINUABLE, describe, differing_keys
 from grammarrl.tracking import current_run, table_cell
@@ -218,7 +219,7 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
         gradient_clip_val=cfg.optim.grad_clip, val_check_interval=cfg.trainer.val_check_interval,
         check_val_every_n_epoch=None, num_sanity_val_steps=0,
         log_every_n_steps=cfg.trainer.log_every_n_steps, logger=build_loggers(cfg, out),
-        callbacks=[checkpoint, RecordSettings(cfg)], default_root_dir=str(out),
+        callbacks=[checkpoint, RecordSettings(cfg), StepProgressBar()], default_root_dir=str(out),
         enable_model_summary=False,
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the step-indexed batch sampler already splits by rank
@@ -256,7 +257,7 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     trainer.fit(module, datamodule=datamodule, **resume_args)
     # The final step, resumable. Not reached when fit raised (e.g. a non-finite loss), so
     # last.ckpt then stays the last good periodic checkpoint.
-    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt")
+    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt", weights_only=False)
     if trainer.global_rank != 0:
         return {}
     merge_metrics(out)

@@ -35,3 +35,26 @@ def test_lightning_console_handler_removed_when_the_root_logs(monkeypatch):
     monkeypatch.setattr(root, "handlers", [logging.NullHandler()])
     quiet_third_party()
     assert extra not in lightning.handlers  # records still reach the root's handlers
+
+
+def test_a_training_job_console_shows_each_message_once_and_counts_steps(tmp_path):
+    """What a user sees from `python -m grammarrl.run` (the bundled samples, no data dir)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-m", "grammarrl.run", "+experiment=tiny_scale", "optim.max_steps=3",
+         "eval.num_test_sets=1", f"hydra.run.dir={tmp_path}"],
+        cwd=Path(__file__).resolve().parents[1], env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, check=False)
+    console = (done.stdout + done.stderr).replace("\r", "\n")
+    assert done.returncode == 0, console[-3000:]
+    assert console.count("GPU available: False") == 1  # not once per Lightning handler
+    assert console.count("No data directory set") == 1  # said once, where the data comes from
+    assert "train: 100%" in console and "3/3" in console  # steps of optim.max_steps
+    assert "Epoch 0" not in console and "v_num" not in console
+    assert "validate dev" in console and "validate train" in console
+    assert "`weights_only` was not set" not in console

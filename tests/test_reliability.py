@@ -16,6 +16,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -197,6 +198,34 @@ def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tm
                    f"hydra.sweep.dir={sweep_dir}")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert sweep_labels(sweep_dir) == ["λ=0.25", "λ=0.75"]
+
+
+@pytest.mark.parametrize("where", ["record", "results"])
+def test_outputs_of_a_machine_where_auto_resolved_otherwise_are_not_reused(tmp_path, where):
+    """`model.dtype=auto` is bfloat16 on a CPU with native bf16 and float32 elsewhere: results
+    computed on the other kind of machine are neither skipped over nor continued."""
+    from grammarrl import rundir
+
+    cfg = compose_config(["model=tiny", "mode=eval", "logger=none"])
+    here = rundir.resolved_settings(cfg)
+    other = "float32" if here["dtype"] == "bfloat16" else "bfloat16"
+    rundir.commit(cfg, tmp_path, rundir.Plan())
+    write_json(tmp_path / "results.json", {"mean": 0.5, "device": "cpu", "dtype": here["dtype"]})
+    assert rundir.plan_job(cfg, tmp_path).done["mean"] == 0.5  # same machine kind: skipped
+
+    record = json.loads((tmp_path / "job.json").read_text())
+    if where == "record":
+        record["resolved"]["dtype"] = other
+    else:  # a record from before resolved settings were kept: the results say it
+        del record["resolved"]
+        write_json(tmp_path / "results.json", {"mean": 0.5, "device": "cpu", "dtype": other})
+    write_json(tmp_path / "job.json", record)
+    with pytest.raises(rundir.RunDirConflict,
+                       match=re.escape(f"dtype={other} (this machine: {here['dtype']})")):
+        rundir.plan_job(cfg, tmp_path)
+    overwrite = compose_config(["model=tiny", "mode=eval", "logger=none", "overwrite=true"])
+    plan = rundir.plan_job(overwrite, tmp_path)
+    assert plan.done is None and tmp_path / "results.json" in plan.remove
 
 
 def test_run_dir_holds_one_job_and_training_continues_with_more_steps(tmp_path):

@@ -6,6 +6,7 @@ Every reader returns `Row`s that remember their file and line, and reports bad r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections import Counter
@@ -58,6 +59,7 @@ class SkipLog:
 def data_root(dir_value: str | Path | None) -> Path:
     """The data root: `data.dir` if set (it must exist), else the bundled samples."""
     if dir_value in (None, ""):
+        _note_samples()
         return SAMPLES_DIR
     root = Path(str(dir_value)).expanduser()
     if not root.is_dir():
@@ -67,6 +69,14 @@ def data_root(dir_value: str | Path | None) -> Path:
             "the bundled samples"
         )
     return root
+
+
+@functools.cache
+def _note_samples() -> None:
+    """Say once per process that the bundled samples stand in for real data."""
+    log.warning("No data directory set (data.dir, or GRAMMARRL_DATA_DIR): using the bundled "
+                "samples in %s, a few dozen examples per task for smoke tests; their numbers "
+                "say nothing about the method", SAMPLES_DIR)
 
 
 def task_dir(root: Path, task: str) -> Path:
