@@ -36,15 +36,16 @@ class BenchResult:
     def holds(self) -> bool:
         return self.ratio <= self.goal if self.at_most else self.ratio >= self.goal
 
-    def record(self) -> dict[str, Any]:
-        """The bench.json entry: name, ratio, goal, holds, details."""
+    def record(self, judged: bool = True) -> dict[str, Any]:
+        """The bench.json entry: name, ratio, goal, holds (None when not judged), details."""
         data = asdict(self)
         goal = f"<= {self.goal}" if self.at_most else f">= {self.goal}"
         return {"name": self.name, "ratio": round(self.ratio, 4), "goal": goal,
-                "holds": self.holds, "details": data["details"]}
+                "holds": self.holds if judged else None, "details": data["details"]}
 
-    def line(self) -> str:
-        mark = "holds" if self.holds else "MISSED"
+    def line(self, judged: bool = True) -> str:
+        """One console line; an unjudged ratio (the random tiny model) is shown, not graded."""
+        mark = ("holds" if self.holds else "MISSED") if judged else "not judged"
         goal = f"<= {self.goal}" if self.at_most else f">= {self.goal}"
         return f"{self.name:<40} {self.ratio:8.3f}  (goal {goal:<7}) {mark}"
 
@@ -56,7 +57,7 @@ class Bench:
     model: str = "smollm2"
     overrides: list[str] = field(default_factory=list)  # e.g. data.dir=..., device=cuda
     repeats: int = 3
-    quick: bool = False  # tiny model and bundled samples: checks the plumbing in seconds
+    quick: bool = False  # tiny random model, bundled samples: the plumbing, goals not judged
 
     def config(self, *extra: str) -> DictConfig:
         """The composed, validated project config for this bench plus `extra` overrides."""

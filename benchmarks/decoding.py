@@ -103,7 +103,7 @@ def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width
     """One prompt's rollout group: ours (N samples + beam top-1, one prefill, the prompt KV kept
     once: cascade attention) vs HF `generate` with Outlines' llguidance logits processor
     producing the same N samples (no beam: HF beam search reorders rows under Outlines' per-row
-    matchers, see DESIGN.md). Also timed, interleaved: ours with the prompt KV copied into
+    matchers: its rows would no longer match their grammar states). Also timed, interleaved: ours with the prompt KV copied into
     every row (`cascade=False`, the layout before cascade attention), as `copied_rows_s`.
     Every call draws from the same seed (ours from its generator, the peer from torch's global
     one), so repeats time the same group and both layouts of ours decode the same tokens

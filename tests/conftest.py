@@ -18,6 +18,24 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
         return compose(config_name="config", overrides=overrides or [], return_hydra_config=False)
 
 
+REPO = Path(__file__).resolve().parents[1]
+RUN_FOLDERS = ("outputs", "multirun")  # where Hydra writes runs by default, relative to the cwd
+
+
+def _run_folders() -> set[Path]:
+    return {p for name in RUN_FOLDERS if (REPO / name).is_dir() for p in (REPO / name).iterdir()}
+
+
+@pytest.fixture(autouse=True)
+def writes_no_run_folders_into_the_repository():
+    """Tests write only under their temporary directories: a run folder a test leaves in the
+    repository's outputs/ or multirun/ would be listed by the aggregator as a failed run."""
+    before = _run_folders()
+    yield
+    added = sorted(map(str, _run_folders() - before))
+    assert not added, f"the test wrote run folders into the repository: {added}"
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The model cache shared across tests (SmolLM2 is dequantised into it once)."""

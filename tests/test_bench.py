@@ -38,9 +38,10 @@ def test_quick_suite_writes_bench_json(tmp_path, capsys):
         assert record["details"]["model"] == "tiny"
         assert "cpu_count" in record["details"]["machine"]
     printed = capsys.readouterr().out
-    assert all(name in printed for name in records) and "/5 goals hold" in printed
+    assert all(name in printed for name in records)
+    assert "goals not judged" in printed and "MISSED" not in printed and "holds" not in printed
+    assert all(record["holds"] is None for record in records.values())  # a random model
     overhead = records["grammar_overhead/conll"]
-    assert overhead["holds"] == (overhead["ratio"] <= 1.05)
     assert overhead["details"]["generated_tokens"] and all(
         n >= 1 for n in overhead["details"]["generated_tokens"])
     batching = records["eval_batching/conll"]["details"]
