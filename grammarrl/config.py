@@ -18,7 +18,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from grammarrl.errors import ConfigError
 
-MODES = ("train", "eval", "calibrate", "search", "prepare")
+MODES = ("train", "eval", "calibrate", "search", "prepare", "export")
+ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 TASKS = ("gloss", "wos", "conll")
 MODEL_SOURCES = ("hub", "embedded", "tiny")
 DECODINGS = ("greedy", "beam")
@@ -121,6 +122,11 @@ class EvalSchema:
 
 
 @dataclass
+class ExportSchema:
+    dir: Any = None
+
+
+@dataclass
 class SearchSchema:
     method: str = "is"
     particles: int = 10
@@ -178,6 +184,7 @@ SCHEMAS: dict[str, type] = {
     "eval": EvalSchema,
     "train": TrainSchema,
     "search": SearchSchema,
+    "export": ExportSchema,
     "data": DataSchema,
     "reward": RewardSchema,
     "trainer": TrainerSchema,
@@ -340,8 +347,10 @@ def validate(cfg: DictConfig) -> None:
     _check(optim.max_steps >= 1, "optim.max_steps", optim.max_steps, "an integer >= 1")
 
     ev = typed["eval"]
-    _check(ev.adapter is None or cfg.mode in ("eval", "search"), "eval.adapter", ev.adapter,
-           f"null with mode={cfg.mode} (it is the adapter that mode=eval and mode=search load)")
+    _check(ev.adapter is None or cfg.mode in ADAPTER_MODES, "eval.adapter", ev.adapter,
+           f"null with mode={cfg.mode} (it is the adapter that mode=eval, search and export load)")
+    _check(ev.adapter is not None or cfg.mode != "export", "eval.adapter", ev.adapter,
+           "the trained adapter to merge and export (mode=export), e.g. <train run>/adapter")
     _check(ev.decoding in DECODINGS, "eval.decoding", ev.decoding, f"one of {DECODINGS}")
     _check(ev.beam_width >= 1, "eval.beam_width", ev.beam_width, "an integer >= 1")
     _check(ev.num_test_sets >= 1, "eval.num_test_sets", ev.num_test_sets, "an integer >= 1")

@@ -41,6 +41,7 @@ MODE_HANDLERS = {
     "calibrate": "grammarrl.calibration:run_calibrate",
     "train": "grammarrl.train:run_train",
     "search": "grammarrl.search.run:run_search",
+    "export": "grammarrl.export:run_export",
 }
 
 FAILED = "failed.json"

@@ -1,0 +1,83 @@
+"""mode=export: the merged Hugging Face folder, loaded with transformers and constrained by
+Outlines with the exported grammar, decodes what our decoder decodes with the adapter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from grammarrl.chat import encode_prompt
+from grammarrl.config import validate
+from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.errors import ConfigError
+from grammarrl.evaluate import load_evaluated_model
+from grammarrl.export import GRAMMAR_FILE, run_export
+from grammarrl.models import add_lora, load_model
+from grammarrl.tasks import load_task
+from tests.conftest import compose_config
+
+TINY = ["model=tiny", "task=conll", "data.dir=null", "logger=none", "task.max_new_tokens=48"]
+
+
+def random_adapter(cfg, cache_dir: Path, out: Path) -> Path:
+    """A LoRA adapter with random (non-zero) weights, so that merging changes the outputs."""
+    model, _ = load_model(cfg.model, cache_dir, device="cpu")
+    policy = add_lora(model, cfg.lora)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    policy.save_pretrained(out)
+    return out
+
+
+def outlines_greedy(folder: Path, messages: list[dict[str, str]], max_new_tokens: int) -> str:
+    """Greedy decoding of the exported folder through Outlines with its grammar file."""
+    import outlines
+    from outlines.types import CFG
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    generate = outlines.Generator(outlines.from_transformers(model, tokenizer),
+                                  CFG((folder / GRAMMAR_FILE).read_text()), backend="llguidance")
+    return generate(outlines.inputs.Chat(messages), max_new_tokens=max_new_tokens)
+
+
+@pytest.mark.parametrize("model", [
+    "tiny", pytest.param("smollm2", marks=pytest.mark.slow)])  # float32: merged = unmerged
+def test_exported_folder_decodes_like_our_decoder_with_the_adapter(tmp_path, cache_dir, model):
+    settings = [*TINY, f"model={model}", "model.dtype=float32"]
+    adapter = random_adapter(compose_config(settings), cache_dir, tmp_path / "run" / "adapter")
+    cfg = compose_config([*settings, "mode=export", f"eval.adapter={adapter}",
+                          f"export.dir={tmp_path / 'model'}"])
+    validate(cfg)
+    result = run_export(cfg)
+    folder = Path(result["export_dir"])
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    assert "GrammarRL" in (folder / "README.md").read_text()
+
+    task = load_task(cfg)
+    policy, tokenizer = load_evaluated_model(cfg)  # the base model with the adapter attached
+    decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    examples = task.splits().test_pool[:3]
+    ours = decoder.greedy([encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples])
+    theirs = [outlines_greedy(folder, task.forward_messages(ex), cfg.task.max_new_tokens)
+              for ex in examples]
+    assert [g.text for g in ours] == theirs
+    with torch.no_grad(), policy.disable_adapter():  # the adapter matters: not a vacuous match
+        frozen = decoder.greedy([encode_prompt(tokenizer, task.forward_messages(ex))
+                                 for ex in examples])
+    assert [g.text for g in frozen] != theirs
+
+    example = json.loads((folder / "example_prompt.json").read_text())
+    assert example["messages"] == task.forward_messages(task.splits().test_pool[0])
+
+
+def test_export_needs_an_adapter():
+    with pytest.raises(ConfigError, match="eval.adapter"):
+        validate(compose_config([*TINY, "mode=export"]))
