@@ -12,7 +12,7 @@ import torch
 from grammarrl.chat import encode_prompt
 from grammarrl.config import validate
 from grammarrl.decoding import ConstrainedDecoder
-from grammarrl.errors import ConfigError
+from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.evaluate import load_evaluated_model
 from grammarrl.export import GRAMMAR_FILE, run_export
 from grammarrl.models import add_lora, load_model
@@ -81,3 +81,48 @@ def test_exported_folder_decodes_like_our_decoder_with_the_adapter(tmp_path, cac
 def test_export_needs_an_adapter():
     with pytest.raises(ConfigError, match="eval.adapter"):
         validate(compose_config([*TINY, "mode=export"]))
+
+
+# --- the Python API -----------------------------------------------------------------------------
+
+def test_api_loads_a_run_and_its_export_and_generates_what_the_decoder_does(tmp_path, cache_dir):
+    from grammarrl import api, rundir
+
+    cfg = compose_config([*TINY, "model.dtype=float32", "mode=train"])
+    run = tmp_path / "run"
+    random_adapter(cfg, cache_dir, run / "adapter")
+    rundir.commit(cfg, run, rundir.Plan())  # the run's record (job.json), as training writes it
+    from_run = api.load(run)
+    task = from_run.task
+    examples = task.splits().test_pool[:3]
+    outputs = from_run.generate([ex.input for ex in examples])
+
+    expected = from_run.decoder.greedy(
+        [encode_prompt(from_run.tokenizer, task.forward_messages(ex)) for ex in examples])
+    assert [o.text for o in outputs] == [g.text for g in expected]
+    for out in outputs:
+        assert out.valid == (out.value is not None)
+        if out.valid:
+            assert out.value == task.parse(out.text)
+    assert [o.text for o in api.load(run / "adapter").generate([examples[0].input])] == \
+        [outputs[0].text]
+
+    export = compose_config([*TINY, "model.dtype=float32", "mode=export",
+                             f"eval.adapter={run / 'adapter'}", f"export.dir={tmp_path / 'm'}"])
+    run_export(export)
+    assert [o.text for o in api.load(tmp_path / "m").generate(
+        [ex.input for ex in examples])] == [o.text for o in outputs]
+
+    rows = [{"input": ex.input, "output": ex.target} for ex in examples]
+    evaluation = from_run.evaluate(rows)
+    scores = task.score([o.text for o in outputs], examples)
+    assert (evaluation.metric, evaluation.value) == (scores.metric, scores.value)
+    with pytest.raises(GrammarRLError, match="row 1 lacks output"):
+        from_run.evaluate([rows[0], {"input": "x"}])
+
+
+def test_api_names_what_a_path_lacks(tmp_path):
+    from grammarrl import api
+
+    with pytest.raises(GrammarRLError, match="not a training run directory"):
+        api.load(tmp_path)
