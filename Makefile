@@ -27,7 +27,7 @@ test: venv
 	$(PY) -m pytest -q
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not integration"
 
 # Tables (Markdown, LaTeX), figures and the main table printed, for any sweep or run folder:
 #   make report                     the newest sweep under multirun/

@@ -9,6 +9,7 @@ ranges and contradictions are checked here, with messages that name the key.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,7 @@ class TrainerSchema:
     val_at_start: bool = True
     log_every_n_steps: int = 1
     checkpoint_every_n_steps: int = 50
+    callbacks: Any = field(default_factory=dict)
 
 
 @dataclass
@@ -345,6 +347,10 @@ def validate(cfg: DictConfig) -> None:
     _check(optim.lr > 0, "optim.lr", optim.lr, "a number > 0")
     _check(optim.batch_size >= 1, "optim.batch_size", optim.batch_size, "an integer >= 1")
     _check(optim.max_steps >= 1, "optim.max_steps", optim.max_steps, "an integer >= 1")
+
+    for name, spec in typed["trainer"].callbacks.items():
+        _check(isinstance(spec, Mapping) and "_target_" in spec, f"trainer.callbacks.{name}",
+               spec, "a mapping with _target_ (the callback's class) and its arguments")
 
     ev = typed["eval"]
     _check(ev.adapter is None or cfg.mode in ADAPTER_MODES, "eval.adapter", ev.adapter,

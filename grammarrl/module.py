@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import random
 import time
@@ -22,7 +23,6 @@ from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
 from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks.base import Example, Task
-
 
 log = logging.getLogger(__name__)
 
@@ -295,9 +295,9 @@ class GrammarRLModule(L.LightningModule):
                                     if k in trainable}
         # What an exact resume needs beyond weights, optimizer and loop progress: the sampling
         # stream, the global RNGs (LoRA dropout) and the rollout samples logged so far.
+        # Every rank's streams: rank 0 writes the file, and each rank resumes its own.
         checkpoint["grammarrl"] = {
-            "generator": self.generator.get_state(),
-            "rng": _rng_states(),
+            "ranks": _gather_objects({"generator": self.generator.get_state(), "rng": _rng_states()}),
             "samples": list(self.samples),
         }
         self.last_checkpoint_step = int(checkpoint.get("global_step", self.global_step))
@@ -322,10 +322,29 @@ class GrammarRLModule(L.LightningModule):
             return
         if not hasattr(self, "generator"):
             self.setup("fit")
-        self.generator.set_state(state["generator"])
-        _set_rng_states(state["rng"])
+        ranks = state.get("ranks", [state])  # a checkpoint from before per-rank states: one
+        if len(ranks) != self.trainer.world_size:
+            raise ModelError(f"the checkpoint holds the sampling streams of {len(ranks)} "
+                             f"process(es); this run has {self.trainer.world_size}: resume with "
+                             f"trainer.devices={len(ranks)}, or start afresh (train.resume=null)")
+        own = ranks[self.global_rank]
+        self.generator.set_state(own["generator"])
+        _set_rng_states(own["rng"])
         self.samples = list(state.get("samples", []))
         self.last_checkpoint_step = int(checkpoint.get("global_step", 0))
+
+
+def _gather_objects(obj: Any) -> list[Any]:
+    """`obj` of every rank, by rank (a list of one without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)  # tensors as torch serialises them (pickling their storage fails)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, buffer.getvalue())
+    return [torch.load(io.BytesIO(data), weights_only=False) for data in gathered]
 
 
 def _rng_states() -> dict[str, Any]:

@@ -208,18 +208,21 @@ def trainer_placement(cfg: DictConfig) -> tuple[str, Any]:
 
 def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
     """A Lightning Trainer from the trainer/optim config groups."""
+    from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
                                  every_n_train_steps=cfg.trainer.checkpoint_every_n_steps)
     accelerator, devices = trainer_placement(cfg)
+    extra = [instantiate(spec) for spec in cfg.trainer.callbacks.values()]  # Hydra _target_s
     return L.Trainer(
         accelerator=accelerator, devices=devices,
         strategy=cfg.trainer.strategy, max_steps=cfg.optim.max_steps,
         gradient_clip_val=cfg.optim.grad_clip, val_check_interval=cfg.trainer.val_check_interval,
         check_val_every_n_epoch=None, num_sanity_val_steps=0,
         log_every_n_steps=cfg.trainer.log_every_n_steps, logger=build_loggers(cfg, out),
-        callbacks=[checkpoint, RecordSettings(cfg), StepProgressBar()], default_root_dir=str(out),
+        callbacks=[checkpoint, RecordSettings(cfg), StepProgressBar(), *extra],
+        default_root_dir=str(out),
         enable_model_summary=False,
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # the step-indexed batch sampler already splits by rank

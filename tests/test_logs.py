@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import warnings
 
+import pytest
+
 from grammarrl.logs import quiet_third_party
 
 
@@ -37,6 +39,7 @@ def test_lightning_console_handler_removed_when_the_root_logs(monkeypatch):
     assert extra not in lightning.handlers  # records still reach the root's handlers
 
 
+@pytest.mark.integration
 def test_a_training_job_console_shows_each_message_once_and_counts_steps(tmp_path):
     """What a user sees from `python -m grammarrl.run` (the bundled samples, no data dir)."""
     import os

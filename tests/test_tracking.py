@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 
 
