@@ -77,9 +77,14 @@ def copy_samples(tmp_path):
 
 
 # ----- sweeps ----------------------------------------------------------------------------------
-def test_sweep_records_a_failed_job_runs_the_others_and_rerun_skips_completed(tmp_path):
+@pytest.mark.integration
+@pytest.mark.parametrize("launcher", ["basic", "submitit_local", "local"])
+def test_sweep_records_a_failed_job_runs_the_others_and_rerun_skips_completed(tmp_path, launcher):
+    """The same behaviour under Hydra's basic launcher (in process), submitit's local executor
+    (each job a subprocess, as on SLURM) and joblib (`hydra/launcher=local`)."""
     sweep = tmp_path / "sweep"
-    args = ["-m", "+experiment=tiny_scale", "lambda=0,1.5", f"hydra.sweep.dir={sweep}"]
+    args = ["-m", "+experiment=tiny_scale", "lambda=0,1.5", f"hydra.sweep.dir={sweep}",
+            f"hydra/launcher={launcher}"]
     first = cli(*args)
     assert first.returncode != 0  # the sweep reports that a job failed ...
     good = next(p.parent.parent for p in sweep.glob("*/.hydra/overrides.yaml")
@@ -97,7 +102,8 @@ def test_sweep_records_a_failed_job_runs_the_others_and_rerun_skips_completed(tm
     before = (good / "results.json").read_bytes(), (good / "results.json").stat().st_mtime_ns
     second = cli(*args)  # the same sweep again: the completed job is skipped, not re-run
     assert second.returncode != 0
-    assert "Skipping this job" in second.stdout + second.stderr
+    # submitit's jobs print into their own logs; every job also logs into its run.log
+    assert "Skipping this job" in second.stdout + second.stderr + (good / "run.log").read_text()
     assert ((good / "results.json").read_bytes(),
             (good / "results.json").stat().st_mtime_ns) == before
     assert (good / "timing.json").read_text() == timing  # a skipped re-run keeps the timing
