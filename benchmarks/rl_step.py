@@ -203,8 +203,8 @@ def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tu
             steps: int = 1) -> BenchResult:
     """Step time vs prompt length (few-shot count) and N, shared vs unshared. The ratio is how
     much more the unshared step grows from the smallest to the largest N than the shared one."""
-    from grammarrl.tasks import load_task
     from grammarrl.chat import encode_prompt
+    from grammarrl.tasks import load_task
 
     rows = []
     for fewshot in fewshots:
@@ -245,7 +245,7 @@ def peak_memory(bench: Bench, task_name: str, checkpointing: bool = False, batch
     overrides = [*bench.overrides, f"train.gradient_checkpointing={str(checkpointing).lower()}"]
     args = [sys.executable, "-m", "benchmarks.rl_step", "--task", task_name, "--model",
             bench.model, "--batch-size", str(batch_size), *[f"--override={o}" for o in overrides]]
-    done = subprocess.run(args, capture_output=True, text=True)
+    done = subprocess.run(args, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the memory probe failed: {done.stderr[-2000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -268,9 +268,19 @@ def _memory_probe() -> None:
     parser.add_argument("--override", action="append", default=[])
     args = parser.parse_args()
     bench = Bench(model=args.model, overrides=args.override)
-    history = run_steps(bench, 2, f"task={args.task}", f"optim.batch_size={args.batch_size}",
-                        "rollout.num_samples=3", "rollout.beam_width=3")
-    print(json.dumps({"max_rss_kb": peak_rss_kb(), "step_s": [h["step"] for h in history]}))
+    record: list = []
+    module = train_module(bench, 2, f"task={args.task}", f"optim.batch_size={args.batch_size}",
+                          "rollout.num_samples=3", "rollout.beam_width=3", record=record)
+    print(json.dumps({"max_rss_kb": peak_rss_kb(),
+                      "step_s": [h["step"] for h in module.phase_history],
+                      "policy_tokens": [policy_tokens(out.rollouts) for out in record]}))
+
+
+def policy_tokens(rollouts: Any) -> int:
+    """Tokens of a step's policy pass with a shared prefix: each prompt once, then its group's
+    candidates (what the activation memory of the pass scales with)."""
+    return sum(len(prompt) + sum(len(g.token_ids) for g in group)
+               for prompt, group in zip(rollouts.prompts, rollouts.groups))
 
 
 def peak_rss_kb() -> int:
