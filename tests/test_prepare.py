@@ -34,10 +34,12 @@ def test_prepare_on_the_samples(name, capsys):
         assert printed["skipped_rows"] == {"no_entity": 6, "unwritable_span": 1}
 
 
-def test_prepare_from_the_command_line():
+@pytest.mark.integration
+def test_prepare_from_the_command_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
     result = subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", "mode=prepare", "task=wos"],
+        [sys.executable, "-m", "grammarrl.run", "mode=prepare", "task=wos",
+         f"hydra.run.dir={tmp_path}"],
         cwd=ROOT,
         env=env,
         capture_output=True,
