@@ -53,6 +53,7 @@ def test_prepare_from_the_command_line(tmp_path):
     assert "samples" in result.stdout
 
 
+@pytest.mark.integration
 def test_prepare_with_a_missing_data_dir_fails_clearly(tmp_path):
     result = subprocess.run(
         [
@@ -62,6 +63,7 @@ def test_prepare_with_a_missing_data_dir_fails_clearly(tmp_path):
             "mode=prepare",
             "task=conll",
             f"data.dir={tmp_path / 'absent'}",
+            f"hydra.run.dir={tmp_path / 'run'}",
         ],
         cwd=ROOT,
         capture_output=True,
