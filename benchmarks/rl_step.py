@@ -269,11 +269,30 @@ def _memory_probe() -> None:
     args = parser.parse_args()
     bench = Bench(model=args.model, overrides=args.override)
     record: list = []
-    module = train_module(bench, 2, f"task={args.task}", f"optim.batch_size={args.batch_size}",
-                          "rollout.num_samples=3", "rollout.beam_width=3", record=record)
-    print(json.dumps({"max_rss_kb": peak_rss_kb(),
+    steps = (f"task={args.task}", f"optim.batch_size={args.batch_size}", "rollout.num_samples=3",
+             "rollout.beam_width=3")
+    module = train_module(bench, 2, *steps, record=record)
+    peak_kb = peak_rss_kb()
+    print(json.dumps({"max_rss_kb": peak_kb,
                       "step_s": [h["step"] for h in module.phase_history],
-                      "policy_tokens": [policy_tokens(out.rollouts) for out in record]}))
+                      "policy_tokens": [policy_tokens(out.rollouts) for out in record],
+                      **planned(bench.config(*STEP_OVERRIDES, *steps), record, peak_kb)}))
+
+
+def planned(cfg: Any, record: list, peak_kb: int) -> dict[str, Any]:
+    """`grammarrl.plan`'s peak for the largest step recorded (its longest prompt, its candidates'
+    mean length), next to the measured one."""
+    from grammarrl.plan import GIB, plan_step, runtime_bytes
+
+    largest = max(record, key=lambda out: policy_tokens(out.rollouts)).rollouts
+    prompt = max(len(p) for p in largest.prompts)
+    lengths = [len(g.token_ids) for group in largest.groups for g in group]
+    candidate = -(-sum(lengths) // len(lengths))
+    plan = plan_step(cfg, prompt, candidate, runtime_bytes(cfg))
+    return {"plan_gb": round(plan.total / GIB, 3), "plan_parts_gb":
+            {k: round(v / GIB, 3) for k, v in plan.parts.items()},
+            "plan_error": round(plan.total / (peak_kb * 1024) - 1, 3),
+            "plan_tokens": {"prompt": prompt, "candidate": candidate}}
 
 
 def policy_tokens(rollouts: Any) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import time
 
 import pytest
@@ -145,3 +146,15 @@ def test_half_precision_weights_get_float32_logits(cache_dir):
     trainable = {n: p.dtype for n, p in policy.named_parameters() if p.requires_grad}
     assert trainable and set(trainable.values()) == {torch.float32}
     assert all("lora_" in n for n in trainable)
+
+
+def test_steady_cpu_allocator_leaves_a_users_malloc_setting(monkeypatch):
+    import ctypes.util
+
+    from grammarrl.models import steady_cpu_allocator
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert steady_cpu_allocator.__wrapped__() is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    glibc = ctypes.util.find_library("c") is not None and platform.libc_ver()[0] == "glibc"
+    assert steady_cpu_allocator.__wrapped__() is glibc
