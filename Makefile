@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv run test test-fast bench report clean
+.PHONY: venv run lint test test-fast bench report clean
 
 venv: $(STAMP)
 
@@ -23,7 +23,11 @@ $(STAMP): pyproject.toml
 run: venv
 	$(PY) -m grammarrl.run +experiment=quickstart
 
-test: venv
+# Lint (ruff's rules as configured in pyproject.toml), then the whole suite.
+lint: venv
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest -q
 
 test-fast: venv

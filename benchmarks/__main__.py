@@ -15,8 +15,8 @@ import logging
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from benchmarks import decoding, rl_step
 from benchmarks.common import Bench, BenchResult, machine, release_memory

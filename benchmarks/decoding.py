@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import Self
 
 import torch
 from transformers import DynamicCache
@@ -43,7 +43,7 @@ class MaskClock:
         self.seconds = 0.0
         self._original = MaskComputer.allowed
 
-    def __enter__(self) -> MaskClock:
+    def __enter__(self) -> Self:
         original, clock = self._original, self
 
         def allowed(masks: MaskComputer, matchers: list) -> torch.Tensor:
@@ -56,7 +56,7 @@ class MaskClock:
         MaskComputer.allowed = allowed
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         MaskComputer.allowed = self._original
 
 
@@ -231,7 +231,7 @@ def decode_step_growth(model: torch.nn.Module, prompt: list[int], rows: int, rep
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     seconds = {}
     for batch in (1, rows):
-        def step() -> None:
+        def step(batch: int = batch) -> float:
             wide = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1).contiguous(),
                                                  v.expand(batch, -1, -1, -1).contiguous())
                                                 for k, v in kv])

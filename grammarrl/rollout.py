@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
-
-import time
 
 import torch
 from omegaconf import DictConfig

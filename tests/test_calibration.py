@@ -7,8 +7,12 @@ import json
 import pytest
 import torch
 
-from grammarrl.calibration import (calibration_conditions, lookup_sigmas, store_sigmas,
-                                   within_group_std)
+from grammarrl.calibration import (
+    calibration_conditions,
+    lookup_sigmas,
+    store_sigmas,
+    within_group_std,
+)
 from tests.conftest import compose_config
 
 

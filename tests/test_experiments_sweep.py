@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from experiments import aggregate as agg
 from experiments.runs import load_sweep
 

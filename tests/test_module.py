@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from grammarrl.models import add_lora
 from grammarrl.chat import encode_prompt
+from grammarrl.models import add_lora
 from grammarrl.module import GrammarRLModule
 from grammarrl.rloo import rloo_advantages
 from grammarrl.scoring import sequence_logprobs

@@ -55,13 +55,13 @@ def test_logged_rewards_are_finite_and_metrics_kept(trained):
     _, out, _ = trained
     import csv
 
-    rows = list(csv.DictReader(open(out / "metrics" / "metrics.csv")))
+    rows = list(csv.DictReader((out / "metrics" / "metrics.csv").read_text().splitlines()))
     rewards = [float(r["train/reward"]) for r in rows if r.get("train/reward")]
     assert len(rewards) == 3 and all(math.isfinite(r) for r in rewards)
     kls = [float(r["train/kl"]) for r in rows if r.get("train/kl")]
     assert kls[0] == pytest.approx(0.0, abs=1e-4)  # step 0: policy == reference
     assert any(r.get("val/dev_micro_f1") for r in rows)
-    samples = [json.loads(line) for line in open(out / "samples.jsonl")]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 and len(samples[0]["candidates"]) == 4  # N=3 samples + beam
 
 
@@ -71,12 +71,13 @@ def test_validation_curves_start_at_step_0_with_greedy_rewards(trained):
     _, out, _ = trained
     import csv
 
-    rows = list(csv.DictReader(open(out / "metrics" / "metrics.csv")))
+    rows = list(csv.DictReader((out / "metrics" / "metrics.csv").read_text().splitlines()))
     val = [r for r in rows if r.get("val/dev_micro_f1")]
     assert [int(float(r["val/dev_trained_steps"])) for r in val] == [0, 2]
+    from omegaconf import OmegaConf
+
     from experiments.analysis import read_metrics
     from experiments.runs import Run
-    from omegaconf import OmegaConf
 
     assert [s for s, _ in read_metrics(Run(out, OmegaConf.create()))["val/dev_micro_f1"]] == [0, 2]
     for row in val:
@@ -101,7 +102,7 @@ def test_checkpoint_adapter_matches_the_saved_adapter(trained, tmp_path):
 
 
 def test_results_written_for_trained_and_baseline(trained):
-    _, out, results = trained
+    _, out, _ = trained
     for name in ("results", "results_baseline"):
         data = json.loads((out / f"{name}.json").read_text())
         assert data["metric"] == "micro_f1" and len(data["scores"]) == 2

@@ -40,8 +40,8 @@ from grammarrl.decoding.cascade import (
     supports_cascade,
 )
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
-from grammarrl.models import output_kv_cache, with_kv_cache
 from grammarrl.decoding.types import BeamResult, Generation
+from grammarrl.models import output_kv_cache, with_kv_cache
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,14 @@ from omegaconf import DictConfig
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, smc
-from grammarrl.evaluate import (decode_examples, is_valid, load_evaluated_model, output_rewards,
-                                reward_fields, reward_means)
+from grammarrl.evaluate import (
+    decode_examples,
+    is_valid,
+    load_evaluated_model,
+    output_rewards,
+    reward_fields,
+    reward_means,
+)
 from grammarrl.results import adapter_name, build_results, mean_std, run_dir, write_results
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
