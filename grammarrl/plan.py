@@ -15,6 +15,9 @@ whole plan is compared with the measured peak RSS of the RL-step memory probe
 peak = runtime + frozen weights + trainable state (LoRA weights, gradients, two AdamW moments)
        + max(policy-pass activations of the batch + backward working memory,
              rollout KV cache of the batch)
+       [+ DDP's gradient buckets, one more copy of the gradients, with trainer.devices > 1]
+
+Everything is per process: `optim.batch_size` is inputs per step per rank.
 """
 
 from __future__ import annotations
@@ -221,7 +224,8 @@ def plan_step(cfg: DictConfig, prompt_tokens: int, candidate_tokens: int,
         layer = saved_activation_bytes(build_policy(one_layer, dtype, cfg.lora, False),
                                        prompt_tokens, [candidate_tokens] * candidates)
     layers, kv_dim = config.num_hidden_layers, _kv_dim(config)
-    rollout_tokens = prompt_tokens + (cfg.rollout.num_samples + cfg.rollout.beam_width) * candidate_tokens
+    rows = cfg.rollout.num_samples + cfg.rollout.beam_width  # decoded after each prompt
+    rollout_tokens = prompt_tokens + rows * candidate_tokens
     kv_cache = inputs * layers * 2 * kv_dim * rollout_tokens * torch.finfo(dtype).bits // 8
     policy_pass = inputs * per_input + 2 * layer
     parts = {
@@ -230,6 +234,8 @@ def plan_step(cfg: DictConfig, prompt_tokens: int, candidate_tokens: int,
         "trainable_state": 4 * _bytes(trainable),  # weights, gradients, AdamW's two moments
         "activations": max(policy_pass, kv_cache),
     }
+    if int(cfg.trainer.devices) > 1:  # DDP's gradient buckets: a second copy of the gradients
+        parts["ddp_buckets"] = _bytes(trainable)
     return MemoryPlan(
         model=str(cfg.model.name), task=str(cfg.task.name), device=device.type,
         dtype=str(dtype).removeprefix("torch."), frozen_parameters=sum(p.numel() for p in frozen),

@@ -63,6 +63,9 @@ def test_parts_follow_the_dimensions():
     per_input = three.parts["activations"] - two.parts["activations"]
     assert per_input > 0
     assert two.parts["activations"] - plan.parts["activations"] == per_input
+    ddp = plan_step(compose_job_config([*TINY, "optim.batch_size=1", "trainer.devices=2"]),
+                    40, 10, runtime=123)
+    assert ddp.total - plan.total == ddp.parts["ddp_buckets"] == 4 * lora  # one float32 copy
     longer = plan_step(cfg, 80, 10, runtime=123)
     assert longer.parts["activations"] > plan.parts["activations"]
 
