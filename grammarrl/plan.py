@@ -38,7 +38,9 @@ from omegaconf import DictConfig
 from grammarrl.errors import GrammarRLError, ModelError
 
 GIB = 2**30
-CARDS_GB = (24, 40, 80)
+# What `nvidia-smi` reports as total memory (MiB) for the smallest card of each class: A10
+# (24 GB class; L4: 23034), A100 40GB PCIe (SXM4: 40960), H100 80GB (A100 80GB: 81920).
+CARDS_MIB = {"24GB": 23028, "40GB": 40536, "80GB": 81559}
 # Device memory a CUDA process holds outside PyTorch's allocator (context, kernels, cuBLAS
 # workspace): an assumption (about 0.5-1 GiB on recent GPUs), not measured in this project.
 CUDA_RUNTIME_GIB = 1.0
@@ -87,8 +89,9 @@ class MemoryPlan:
         return sum(self.parts.values())
 
     def fits(self) -> dict[str, bool]:
-        """Whether the step fits each card size (GB as sold: 10^9 bytes)."""
-        return {f"{gb}GB": self.total <= gb * 10**9 for gb in CARDS_GB}
+        """Whether the step fits each card class (its total memory as `nvidia-smi` reports it;
+        `runtime` holds what CUDA keeps outside PyTorch's allocator)."""
+        return {card: self.total <= mib * 2**20 for card, mib in CARDS_MIB.items()}
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total": self.total,

@@ -101,3 +101,15 @@ def test_cli_names_a_model_it_cannot_plan(capsys, tmp_path):
                  "--prompt-tokens", "10"])
     assert code == 2
     assert "model.path=nobody/unknown-model" in capsys.readouterr().err
+
+
+def test_fits_against_the_cards_reported_memory():
+    from grammarrl.plan import CARDS_MIB, MemoryPlan
+
+    def plan_of(total: int) -> MemoryPlan:
+        return MemoryPlan("m", "t", "cuda", "bfloat16", 1, 1, 1, 1, 4, 1, False, {"all": total})
+
+    assert plan_of(CARDS_MIB["24GB"] * 2**20).fits() == {"24GB": True, "40GB": True, "80GB": True}
+    assert plan_of(CARDS_MIB["24GB"] * 2**20 + 1).fits()["24GB"] is False
+    assert plan_of(CARDS_MIB["80GB"] * 2**20 + 1).fits() == {
+        "24GB": False, "40GB": False, "80GB": False}
