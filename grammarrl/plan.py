@@ -38,9 +38,10 @@ from omegaconf import DictConfig
 from grammarrl.errors import GrammarRLError, ModelError
 
 GIB = 2**30
-# What `nvidia-smi` reports as total memory (MiB) for the smallest card of each class: A10
-# (24 GB class; L4: 23034), A100 40GB PCIe (SXM4: 40960), H100 80GB (A100 80GB: 81920).
-CARDS_MIB = {"24GB": 23028, "40GB": 40536, "80GB": 81559}
+# Total memory (MiB) as `nvidia-smi` reports it for the smallest card of each class: A10
+# (L4: 23034), A100 40GB, H100 80GB (A100 80GB: 81920); values collected by Modal
+# (github.com/modal-labs/modal-client/pull/2797).
+CARDS_MIB = {"24GB": 23028, "40GB": 40960, "80GB": 81559}
 # Device memory a CUDA process holds outside PyTorch's allocator (context, kernels, cuBLAS
 # workspace): an assumption (about 0.5-1 GiB on recent GPUs), not measured in this project.
 CUDA_RUNTIME_GIB = 1.0
