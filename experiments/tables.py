@@ -14,8 +14,9 @@ from typing import Any
 
 from experiments.runs import BASELINE, GRAMMARRL, AggregationError, Evaluation, format_number
 from experiments.table import Block, Cell, Row, Table
+from grammarrl.tasks import task_label
 
-TASKS = {"gloss": "Gloss (BLEU)", "wos": "WoS (Hier. F1)", "conll": "CoNLL (F1-micro)"}
+PAPER_TASK_ORDER = ("gloss", "wos", "conll")  # the paper's columns; other tasks follow by name
 MODEL_ORDER = ("1b", "3b", "8b", "smollm2", "tiny")
 DEFAULT_ROLLOUT = (3, 3)  # (N, B) of the paper's main results
 DEFAULT_LAMBDA = 0.5
@@ -61,8 +62,11 @@ def score_cell(ev: Evaluation | None, num_sets: int | None = None) -> Cell:
 
 
 def tasks_of(evals: Sequence[Evaluation]) -> list[str]:
-    present = {ev.task for ev in evals}
-    return [t for t in TASKS if t in present] + sorted(present - set(TASKS))
+    return _task_order({ev.task for ev in evals})
+
+
+def _task_order(present: set[str]) -> list[str]:
+    return [t for t in PAPER_TASK_ORDER if t in present] + sorted(present - set(PAPER_TASK_ORDER))
 
 
 def models_of(evals: Sequence[Evaluation]) -> list[str]:
@@ -71,7 +75,7 @@ def models_of(evals: Sequence[Evaluation]) -> list[str]:
 
 
 def _header(first: str, tasks: Sequence[str]) -> list[str]:
-    return [first, *[TASKS.get(t, t) for t in tasks]]
+    return [first, *map(task_label, tasks)]
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,7 @@ def calibration_table(entries: Sequence[dict[str, Any]]) -> Table:
     header = ["(N, B)"] + [f"{_model_label(m)} {s}" for m in models for s in ("σ_direct",
                                                                               "σ_reverse")]
     blocks = []
-    for task in [t for t in TASKS if any(e["task"] == t for e in entries)]:
+    for task in _task_order({e["task"] for e in entries}):
         of_task = [e for e in entries if e["task"] == task]
         rows = []
         for n, b in _rollout_order({(e["n"], e["b"]) for e in of_task}):
@@ -176,7 +180,7 @@ def calibration_table(entries: Sequence[dict[str, Any]]) -> Table:
                 cells += [Cell(mean=entry[k]) if entry else Cell(text="–")
                           for k in ("sigma_direct", "sigma_reverse")]
             rows.append(Row(f"({n},{b})", cells, shaded=(n, b) == DEFAULT_ROLLOUT))
-        blocks.append(Block(rows, title=TASKS[task].split(" ")[0]))
+        blocks.append(Block(rows, title=task_label(task).split(" ")[0]))
     return Table("calibration", "Reward scaling constants σ_direct and σ_reverse per task, rollout "
                  "composition (N, B) and model, measured by mode=calibrate on the dev inputs.",
                  header, blocks, best=None, digits=4)
@@ -215,7 +219,7 @@ def inference_table(evals: Sequence[Evaluation], num_sets: int | None = None,
         row.cells.insert(0, Cell(text=_cost(evals, spec.predicate, tasks)))
     table = Table("inference_time", "Inference-time methods vs GrammarRL: mean ± std over "
                   f"{num_sets or 'all'} test sets; cost: generation time relative to one greedy "
-                  "pass.", ["Method", "Cost", *[TASKS.get(t, t) for t in tasks]],
+                  "pass.", ["Method", "Cost", *map(task_label, tasks)],
                   [Block(rows[:len(specs) - 1]), Block(rows[len(specs) - 1:])])
     table.notes.append("Best λ per task (selected on these test sets): " + ", ".join(
         f"{t} {format_number(lam)}" for t, lam in best.items() if lam is not None))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grammarrl.tasks.base import Message
+from grammarrl.types import Message
 
 
 def encode_prompt(tokenizer: Any, messages: list[Message]) -> list[int]:

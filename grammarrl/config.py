@@ -21,7 +21,6 @@ from grammarrl.errors import ConfigError
 
 MODES = ("train", "eval", "calibrate", "search", "prepare", "export")
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
-TASKS = ("gloss", "wos", "conll")
 MODEL_SOURCES = ("hub", "embedded", "tiny")
 DECODINGS = ("greedy", "beam")
 SEARCH_METHODS = ("rerank", "is", "smc")
@@ -44,6 +43,7 @@ class TaskSchema:
     lr: float
     max_new_tokens: int
     test_fraction: float = 0.5  # share of a single labelled pool (WoS) kept as the test pool
+    _target_: Any = None  # the Task class (grammarrl/tasks/__init__.py: the registry)
     sigmas: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     # task=custom only (conf/task/custom.yaml documents them; grammarrl/tasks/custom.py)
     spec: Any = None

@@ -11,7 +11,8 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Sampler
 
 from grammarrl.errors import DataError
-from grammarrl.tasks.base import Example, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example
 
 
 def _as_list(batch: list[Example]) -> list[Example]:

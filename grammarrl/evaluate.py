@@ -20,7 +20,8 @@ from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.errors import DataError
 from grammarrl.results import adapter_name, build_results, run_dir, write_results
-from grammarrl.tasks.base import Example, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
 

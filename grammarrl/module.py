@@ -22,7 +22,8 @@ from grammarrl.rewards import ReferenceScorer
 from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
 from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
-from grammarrl.tasks.base import Example, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
 

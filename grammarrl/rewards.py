@@ -15,7 +15,8 @@ import torch
 from grammarrl.chat import encode_prompt
 from grammarrl.models import reference_mode
 from grammarrl.scoring import Prefix, common_prefix_length, encode_prefix, sequence_logprobs
-from grammarrl.tasks.base import Example, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example
 
 
 @dataclass

@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.rewards import ReferenceScorer
-from grammarrl.tasks.base import Example, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example
 
 
 @dataclass

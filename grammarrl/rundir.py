@@ -39,7 +39,7 @@ COMPLETED = "results.json"  # written last by the modes that score outputs
 RECORDED_MODES = ("train", "eval", "search", "calibrate")  # modes that write into the run dir
 SKIPPABLE_MODES = ("train", "eval", "search")
 # Keys that change no number a job writes: never compared.
-BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume")
+BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume", "task._target_")
 # Keys a training run may change and still continue from its checkpoint (logged when changed).
 # Its σ's come from the checkpoint, so where the calibration file lives does not matter either.
 CONTINUABLE = ("optim.max_steps", "eval", "train.eval_baseline", "train.eval_beam",

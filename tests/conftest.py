@@ -9,7 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from grammarrl.tasks import builtin_task_names
+
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+BUILTIN_TASKS = builtin_task_names()  # every conf/task/*.yaml but custom: tests cover each
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
@@ -34,6 +37,15 @@ def writes_no_run_folders_into_the_repository():
     yield
     added = sorted(map(str, _run_folders() - before))
     assert not added, f"the test wrote run folders into the repository: {added}"
+
+
+@pytest.fixture(scope="module")
+def sample_tasks() -> dict:
+    """Every built-in task on its bundled samples (`data.dir=null`), by name."""
+    from grammarrl.tasks import load_task
+
+    return {name: load_task(compose_config([f"task={name}", "data.dir=null"]))
+            for name in BUILTIN_TASKS}
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ from grammarrl.config import validate
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import ConfigError, DataError
 from grammarrl.tasks import load_task
-from grammarrl.tasks.base import Example
 from grammarrl.tasks.custom import (
     ByteGrammarChecker,
     CustomTask,
@@ -33,6 +32,7 @@ from grammarrl.tasks.custom import (
     json_fields_prf,
     json_schema_of,
 )
+from grammarrl.types import Example
 from tests.conftest import compose_config
 from tests.test_decoding_tasks import EndBias, check_validity
 

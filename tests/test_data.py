@@ -14,7 +14,7 @@ from grammarrl.data.sources import SAMPLES_DIR, data_root
 from grammarrl.data.splits import partition
 from grammarrl.errors import DataError
 from grammarrl.tasks import load_task
-from grammarrl.tasks.base import Example
+from grammarrl.types import Example
 from tests.conftest import compose_config
 
 TASKS = ("gloss", "wos", "conll")
@@ -232,15 +232,16 @@ class _FakeSplit(list):
 
 
 def test_hub_rows_become_examples(monkeypatch):
-    from grammarrl.data import hub
+    from grammarrl.tasks import conll, gloss
 
     names = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
     sentence = {"tokens": ["Ann", "Lee", "visits", "Oslo", "."], "ner_tags": [1, 2, 0, 5, 0]}
-    conll = {split: _FakeSplit([sentence], names) for split in ("train", "validation", "test")}
-    gloss = _FakeSplit(
+    conll_data = {split: _FakeSplit([sentence], names) for split in ("train", "validation", "test")}
+    gloss_data = _FakeSplit(
         [{"text": f"we meet on day {i} .", "gloss": f"X-WE MEET ON DAY {i} ."} for i in range(5000)]
     )
-    monkeypatch.setattr(hub, "_load", lambda name, **kw: conll if "conll" in name else gloss)
+    monkeypatch.setattr(conll, "load_hub_dataset", lambda name, **kw: conll_data)
+    monkeypatch.setattr(gloss, "load_hub_dataset", lambda name, **kw: gloss_data)
 
     task = load_task(compose_config(["task=conll", "data.source=hub"]))
     assert task.corpus["test"][0].target == (

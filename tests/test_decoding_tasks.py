@@ -14,9 +14,7 @@ from grammarrl.decoding.grammar import ll_tokenizer
 from grammarrl.models import kv_cache_name, output_kv_cache
 from grammarrl.tasks import load_task
 from grammarrl.tasks.grammar_check import GrammarChecker
-from tests.conftest import compose_config
-
-TASKS = ("gloss", "wos", "conll")
+from tests.conftest import BUILTIN_TASKS, compose_config
 
 
 class EndBias(torch.nn.Module):
@@ -58,7 +56,7 @@ def check_validity(task, tok, gens, max_new):
     return finished
 
 
-@pytest.mark.parametrize("name", TASKS)
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
 def test_random_model_is_valid_on_task_grammar(tiny, name):
     model, tok = tiny
     task = load_task(compose_config([f"task={name}", "data.dir=null"]))
@@ -77,7 +75,7 @@ def test_random_model_is_valid_on_task_grammar(tiny, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", TASKS)
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
 def test_random_model_is_valid_on_real_task_grammar(tiny, real_data_dir, name):
     """The full-size grammars (16k gloss terms, 8.8k CoNLL spans, 145 WoS paths)."""
     model, tok = tiny

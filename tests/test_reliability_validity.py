@@ -17,32 +17,25 @@ import torch
 from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import build_tiny
-from grammarrl.tasks import load_task
-from tests.conftest import compose_config
+from tests.conftest import BUILTIN_TASKS, compose_config
 from tests.test_decoding_tasks import EndBias, check_validity
 
-TASKS = ("gloss", "wos", "conll")
 METHODS = ("greedy", "sample", "beam", "rollout")
 SEEDS = (1,)
 MAX_NEW = 32
 
 
-@pytest.fixture(scope="module")
-def tasks():
-    return {name: load_task(compose_config([f"task={name}", "data.dir=null"])) for name in TASKS}
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("name", TASKS)
-def test_every_output_is_valid_or_flagged_truncated(tiny, tasks, name, method, seed):
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
+def test_every_output_is_valid_or_flagged_truncated(tiny, sample_tasks, name, method, seed):
     _, tok = tiny
     rng = random.Random(f"{name}/{method}/{seed}")
-    init_seed = 1000 * seed + 10 * TASKS.index(name) + METHODS.index(method)
+    init_seed = 1000 * seed + 10 * BUILTIN_TASKS.index(name) + METHODS.index(method)
     cfg = compose_config(["model=tiny", f"model.init_seed={init_seed}"])
     model = build_tiny(cfg.model, vocab_size=len(tok)).eval()
     bias = rng.choice([0.0, 4.0, 8.0])
-    task = tasks[name]
+    task = sample_tasks[name]
     examples = rng.sample(task.splits().test_pool, 2)
     prompts = [encode_prompt(tok, task.forward_messages(ex)) for ex in examples]
     decoder = ConstrainedDecoder(EndBias(model, end_of_turn_id(tok), bias), tok, task.grammar(),

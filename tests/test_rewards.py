@@ -10,7 +10,8 @@ from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import add_lora, reference_mode
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.scoring import sequence_logprobs
-from grammarrl.tasks.base import Example, Scores, Splits, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example, Scores, Splits
 from tests.conftest import compose_config
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega"]

@@ -23,18 +23,11 @@ from grammarrl.search.methods import (
     posterior_mode,
     rerank,
 )
-from grammarrl.search.potentials import (
-    ConllPotential,
-    GlossPotential,
-    Potential,
-    ReversePotential,
-    conll_fields,
-    conll_penalty,
-    gloss_penalty,
-    gloss_terms_of,
-    make_potential,
-)
-from grammarrl.tasks.base import Example
+from grammarrl.search.potentials import Potential, ReversePotential, TaskPotential, make_potential
+from grammarrl.tasks import load_task
+from grammarrl.tasks.conll import closed_fields, field_penalty
+from grammarrl.tasks.gloss import gloss_penalty, gloss_terms_of
+from grammarrl.types import Example
 from tests.conftest import compose_config
 from tests.test_decoding import (
     Sharpened,
@@ -358,17 +351,22 @@ def test_posterior_draws_follow_the_weights():
 # --------------------------------------------------------------------------- potentials
 
 
+def _task_potential(name: str) -> Potential:
+    return make_potential("task", load_task(compose_config([f"task={name}", "data.dir=null"])))
+
+
 def test_conll_potential_rules():
     sentence = "John Smith visited Germany and the Netherlands ."
-    assert conll_penalty(sentence, {"person": "John Smith", "location": "Germany"}) == 0.0
-    assert conll_penalty(sentence, {"person": "Paris"}) == -3.0  # not in the sentence
-    assert conll_penalty(sentence, {"location": "German"}) == -1.5  # only inside "Germany"
-    assert conll_penalty(sentence, {"location": "Germany", "misc": "Germany"}) == -1.0
-    assert conll_penalty(sentence, {"a": "Germany", "b": "Germany", "c": "Germany"}) == -2.0
+    assert field_penalty(sentence, {"person": "John Smith", "location": "Germany"}) == 0.0
+    assert field_penalty(sentence, {"person": "Paris"}) == -3.0  # not in the sentence
+    assert field_penalty(sentence, {"location": "German"}) == -1.5  # only inside "Germany"
+    assert field_penalty(sentence, {"location": "Germany", "misc": "Germany"}) == -1.0
+    assert field_penalty(sentence, {"a": "Germany", "b": "Germany", "c": "Germany"}) == -2.0
     prefix = '{"person": "Paris", "organization": "Germ'
-    assert conll_fields(prefix) == {"person": "Paris"}  # the open field is not judged yet
+    assert closed_fields(prefix) == {"person": "Paris"}  # the open field is not judged yet
     ex = Example("u", sentence, "")
-    pot = ConllPotential()
+    pot = _task_potential("conll")
+    assert isinstance(pot, TaskPotential) and pot.on_prefix
     assert pot.prefix(ex, prefix) == -3.0
     full = '{"person": "John Smith", "organization": "", "location": "Germa", "misc": ""}'
     assert pot.complete(ex, [full]) == [-1.5]
@@ -386,7 +384,7 @@ def test_gloss_potential_rules():
     assert gloss_penalty(src, ["BUDGET"] * 2 + ["SCHOOL"], complete=False) == 0.0  # run of 2 ok
     assert gloss_penalty(src, ["BUDGET"] * 4, complete=False) == -1.0  # one run of >= 3
     assert gloss_penalty(src, ["BANANA"] * 7 + ["X"], complete=False) == -0.5 * 5 - 1.0  # capped
-    pot = GlossPotential()
+    pot = _task_potential("gloss")
     ex = Example("u", src, "")
     assert pot.prefix(ex, "COMMITTEE BAN") == 0.0  # the last term may still grow
     assert pot.prefix(ex, "COMMITTEE BANANA ") == -0.5

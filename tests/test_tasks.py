@@ -13,20 +13,13 @@ from grammarrl.tasks import load_task
 from grammarrl.tasks.conll import FIELDS, bio_spans
 from grammarrl.tasks.gloss import suffix_form
 from grammarrl.tasks.grammar_check import GrammarChecker
-from tests.conftest import compose_config
-
-TASKS = ("gloss", "wos", "conll")
+from tests.conftest import BUILTIN_TASKS, compose_config
 
 
 @pytest.fixture(scope="module")
 def tokenizer(cache_dir):
     """The SmolLM2 tokenizer (model=tiny uses it)."""
     return load_tokenizer(compose_config(["model=tiny"]).model, cache_dir)
-
-
-@pytest.fixture(scope="module")
-def tasks():
-    return {name: load_task(compose_config([f"task={name}", "data.dir=null"])) for name in TASKS}
 
 
 # ----- normalisation ---------------------------------------------------------------------
@@ -51,15 +44,15 @@ def test_bio_spans_handles_iob2_and_iob1_starts():
     ]
 
 
-def test_canonical_targets(tasks):
-    for ex in tasks["gloss"].corpus["train"]:
+def test_canonical_targets(sample_tasks):
+    for ex in sample_tasks["gloss"].corpus["train"]:
         assert ex.target == " ".join(ex.target.split()) and ex.target.isupper()
-    for ex in tasks["wos"].corpus["all"]:
+    for ex in sample_tasks["wos"].corpus["all"]:
         assert re.fullmatch(r'\{"parent": "[^"]+", "child": "[^"]+"\}', ex.target), ex.target
-    for ex in tasks["conll"].corpus["train"]:
+    for ex in sample_tasks["conll"].corpus["train"]:
         value = json.loads(ex.target)
         assert tuple(value) == FIELDS and ex.target == json.dumps(value)
-    first = tasks["conll"].corpus["train"][0]
+    first = sample_tasks["conll"].corpus["train"][0]
     assert first.input == "Maria Olsen opened the new Nordvik Bank branch in Bergen on Monday ."
     assert first.target == (
         '{"person": "Maria Olsen", "organization": "Nordvik Bank", '
@@ -67,44 +60,44 @@ def test_canonical_targets(tasks):
     )
 
 
-def test_conll_drops_and_counts_unwritable_and_entityless_rows(tasks):
-    skipped = tasks["conll"].splits().skipped
+def test_conll_drops_and_counts_unwritable_and_entityless_rows(sample_tasks):
+    skipped = sample_tasks["conll"].splits().skipped
     assert skipped["unwritable_span"] == 1  # the sample's 'Peter " The Hammer " Stone'
     assert skipped["no_entity"] == 6
-    inputs = {ex.input for pool in tasks["conll"].corpus.values() for ex in pool}
+    inputs = {ex.input for pool in sample_tasks["conll"].corpus.values() for ex in pool}
     assert not any("Hammer" in text for text in inputs)
 
 
-def test_vocabularies(tasks):
-    gloss = tasks["gloss"]
+def test_vocabularies(sample_tasks):
+    gloss = sample_tasks["gloss"]
     assert "THAN-DESC" in gloss.vocabulary and "DESC-N" not in gloss.vocabulary
     assert gloss.vocab_size() == len(set(gloss.vocabulary))
-    assert tasks["wos"].vocab_size() == 145
-    conll = tasks["conll"].vocabulary
+    assert sample_tasks["wos"].vocab_size() == 145
+    conll = sample_tasks["conll"].vocabulary
     assert "Port Kessel" in conll["location"] and "Port Kessel" not in conll["person"]
 
 
 # ----- few-shot demonstrations ------------------------------------------------------------
-def test_fewshot_is_fixed_and_representative(tasks):
-    gloss = tasks["gloss"].splits().fewshot
+def test_fewshot_is_fixed_and_representative(sample_tasks):
+    gloss = sample_tasks["gloss"].splits().fewshot
     assert len(gloss) == 20
     words = [set(ex.input.lower().split()) for ex in gloss]
     for i in range(len(words)):
         for j in range(i):
             assert len(words[i] & words[j]) < 0.5 * min(len(words[i]), len(words[j]))
-    conll = [json.loads(ex.target) for ex in tasks["conll"].splits().fewshot]
+    conll = [json.loads(ex.target) for ex in sample_tasks["conll"].splits().fewshot]
     assert len(conll) == 10
     assert all(any(record[f] for record in conll) for f in FIELDS), "every type appears"
     assert all(any(not v for v in record.values()) for record in conll), "some fields empty"
-    assert len(tasks["wos"].splits().fewshot) == 1
+    assert len(sample_tasks["wos"].splits().fewshot) == 1
     again = load_task(compose_config(["task=conll", "data.dir=null"])).splits().fewshot
-    assert again == tasks["conll"].splits().fewshot
+    assert again == sample_tasks["conll"].splits().fewshot
 
 
 # ----- prompts ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", TASKS)
-def test_forward_and_reverse_prompts(tasks, name):
-    task = tasks[name]
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
+def test_forward_and_reverse_prompts(sample_tasks, name):
+    task = sample_tasks[name]
     example = task.splits().test_pool[0]
     forward = task.forward_messages(example)
     k = len(task.splits().fewshot)
@@ -126,8 +119,8 @@ def test_forward_and_reverse_prompts(tasks, name):
     assert reverse[-1] == {"role": "user", "content": candidate}
 
 
-def test_context_blocks(tasks):
-    gloss, conll, wos = tasks["gloss"], tasks["conll"], tasks["wos"]
+def test_context_blocks(sample_tasks):
+    gloss, conll, wos = sample_tasks["gloss"], sample_tasks["conll"], sample_tasks["wos"]
     example = gloss.splits().test_pool[0]
     block = gloss.context(example)
     assert block.startswith("Similar gloss terms: ")
@@ -139,7 +132,7 @@ def test_context_blocks(tasks):
     hierarchy = wos.context(wos.splits().test_pool[0])
     assert "CS: Symbolic computation; Computer vision;" in hierarchy
     assert len(hierarchy.splitlines()) == 1 + 7
-    for task in tasks.values():  # the reverse prompt carries no hints / hierarchy
+    for task in sample_tasks.values():  # the reverse prompt carries no hints / hierarchy
         reverse_text = json.dumps(task.reverse_messages("x"))
         assert "Similar" not in reverse_text and "Label hierarchy" not in reverse_text
 
@@ -150,8 +143,8 @@ def test_no_hints_when_num_hints_is_zero():
     assert system == f"{task.instruction}\n\n{task.output_format}"
 
 
-def test_prompts_render_with_the_chat_template(tasks, tokenizer):
-    task = tasks["conll"]
+def test_prompts_render_with_the_chat_template(sample_tasks, tokenizer):
+    task = sample_tasks["conll"]
     ids = encode_prompt(tokenizer, task.forward_messages(task.splits().dev[0]))
     text = tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system\nExtract named entities")
@@ -159,9 +152,9 @@ def test_prompts_render_with_the_chat_template(tasks, tokenizer):
 
 
 # ----- grammar ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", TASKS)
-def test_grammar_accepts_every_gold_output(tasks, tokenizer, name):
-    task = tasks[name]
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
+def test_grammar_accepts_every_gold_output(sample_tasks, tokenizer, name):
+    task = sample_tasks[name]
     checker = GrammarChecker(task.grammar(), tokenizer)
     golds = [ex.target for pool in task.corpus.values() for ex in pool]
     assert golds and checker.rejected(golds) == []
@@ -199,9 +192,9 @@ VALID = {
 }
 
 
-@pytest.mark.parametrize("name", TASKS)
-def test_grammar_rejects_near_misses(tasks, tokenizer, name):
-    task = tasks[name]
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
+def test_grammar_rejects_near_misses(sample_tasks, tokenizer, name):
+    task = sample_tasks[name]
     checker = GrammarChecker(task.grammar(), tokenizer)
     assert checker.accepts(VALID[name])
     assert checker.rejected(NEAR_MISSES[name]) == NEAR_MISSES[name]
@@ -210,10 +203,10 @@ def test_grammar_rejects_near_misses(tasks, tokenizer, name):
         assert task.try_parse(text) is None
 
 
-def test_grammar_keeps_separators_inside_terminals(tasks):
-    assert 'SPACED_TERM: " " TERM' in tasks["gloss"].grammar()
-    assert 'PERSON: " \\"\\""' in tasks["conll"].grammar()
-    assert re.search(r"^start: .* path ", tasks["wos"].grammar(), re.MULTILINE)
+def test_grammar_keeps_separators_inside_terminals(sample_tasks):
+    assert 'SPACED_TERM: " " TERM' in sample_tasks["gloss"].grammar()
+    assert 'PERSON: " \\"\\""' in sample_tasks["conll"].grammar()
+    assert re.search(r"^start: .* path ", sample_tasks["wos"].grammar(), re.MULTILINE)
 
 
 def test_grammar_escapes_json_strings(tokenizer):
@@ -224,9 +217,9 @@ def test_grammar_escapes_json_strings(tokenizer):
 
 
 # ----- parsing and scoring ---------------------------------------------------------------
-@pytest.mark.parametrize("name", TASKS)
-def test_gold_scores_perfectly_and_garbage_is_invalid(tasks, name):
-    task = tasks[name]
+@pytest.mark.parametrize("name", BUILTIN_TASKS)
+def test_gold_scores_perfectly_and_garbage_is_invalid(sample_tasks, name):
+    task = sample_tasks[name]
     examples = task.splits().test_pool[:6]
     perfect = task.score([ex.target for ex in examples], examples)
     assert perfect.metric == task.metric_name
@@ -236,8 +229,8 @@ def test_gold_scores_perfectly_and_garbage_is_invalid(tasks, name):
     assert garbage.per_example[0]["valid"] is False and garbage.value < 1.0
 
 
-def test_conll_score_by_hand(tasks):
-    task = tasks["conll"]
+def test_conll_score_by_hand(sample_tasks):
+    task = sample_tasks["conll"]
     examples = [
         ex for ex in task.splits().test_pool if "Tarvik" in ex.input or "Vienna" in ex.input
     ]
@@ -253,8 +246,8 @@ def test_conll_score_by_hand(tasks):
     assert scores.details["person"]["fp"] == 1
 
 
-def test_wos_score_by_hand(tasks):
-    task = tasks["wos"]
+def test_wos_score_by_hand(sample_tasks):
+    task = sample_tasks["wos"]
     examples = task.splits().test_pool[:2]
     parent = json.loads(examples[0].target)["parent"]
     other_child = next(

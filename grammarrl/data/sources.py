@@ -19,8 +19,6 @@ from grammarrl.errors import DataError
 log = logging.getLogger(__name__)
 
 SAMPLES_DIR = Path(__file__).resolve().parent / "samples"
-# task -> sub-directory of data.dir (the layout of ../shared/data)
-TASK_DIRS = {"gloss": "aslg_pc12", "wos": "wos", "conll": "conll2003"}
 
 
 @dataclass(frozen=True)
@@ -65,8 +63,8 @@ def data_root(dir_value: str | Path | None) -> Path:
     if not root.is_dir():
         raise DataError(
             f"data.dir={dir_value}: no such directory. Set data.dir (or GRAMMARRL_DATA_DIR) to "
-            f"the folder holding {', '.join(sorted(TASK_DIRS.values()))}/, or unset it to use "
-            "the bundled samples"
+            f"the folder holding one directory per task (the layout of {SAMPLES_DIR}), or unset it "
+            "to use the bundled samples"
         )
     return root
 
@@ -79,9 +77,9 @@ def _note_samples() -> None:
                 "say nothing about the method", SAMPLES_DIR)
 
 
-def task_dir(root: Path, task: str) -> Path:
-    """The task's sub-directory of the data root; a clear DataError if it is missing."""
-    directory = root / TASK_DIRS[task]
+def task_dir(root: Path, name: str, task: str) -> Path:
+    """The task's sub-directory `name` of the data root; a clear DataError if it is missing."""
+    directory = root / name
     if not directory.is_dir():
         raise DataError(f"task {task}: expected the directory {directory} (see docs/tasks.md)")
     return directory

@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from grammarrl.data.sources import SkipLog
-from grammarrl.tasks.base import Example, Splits
+from grammarrl.types import Example, Splits
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,8 @@ from grammarrl.evaluate import (
 from grammarrl.results import adapter_name, build_results, mean_std, run_dir, write_results
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
-from grammarrl.tasks.base import Example, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
 

@@ -1,22 +1,74 @@
-"""Task registry: `load_task(cfg)` builds the task named by `cfg.task.name`; any other name is
-a task defined from configuration (`task=custom`, grammarrl/tasks/custom.py)."""
+"""The task registry.
+
+A built-in task is one module under `grammarrl/tasks/` (reader, hub loader, prompts, grammar,
+metric, search potential) plus one `conf/task/<name>.yaml` whose `_target_` names its class,
+plus its bundled samples under `grammarrl/data/samples/`. The YAML files are the registry:
+nothing else lists the tasks. `conf/task/custom.yaml` is the task defined from configuration
+alone (grammarrl/tasks/custom.py), also under other names a spec gives it.
+"""
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import functools
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from grammarrl.tasks.base import Example, Scores, Splits, Task
+from omegaconf import DictConfig, OmegaConf
+
+from grammarrl.config import CONF_DIR
+from grammarrl.errors import ConfigError
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example, Scores, Splits
+
+TASK_CONF = Path(CONF_DIR) / "task"
+CUSTOM = "custom"  # conf/task/custom.yaml: a task defined from configuration
+
+
+@functools.cache
+def task_targets() -> dict[str, str]:
+    """Task config name -> its class path, from the `_target_` of every conf/task/*.yaml."""
+    targets = {}
+    for path in sorted(TASK_CONF.glob("*.yaml")):
+        conf = OmegaConf.load(path)
+        if conf.get("name") != path.stem or not conf.get("_target_"):
+            raise ConfigError(f"{path}: a task config needs `name: {path.stem}` and "
+                              "`_target_: grammarrl.tasks.<module>.<TaskClass>`")
+        targets[path.stem] = str(conf["_target_"])
+    return targets
+
+
+def builtin_task_names() -> tuple[str, ...]:
+    """The built-in tasks (every task config but `custom`), in name order."""
+    return tuple(name for name in task_targets() if name != CUSTOM)
+
+
+def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
+    """The class of a task config: its `_target_`; configs saved without one (older runs) by
+    their name, any name that is no built-in task being a custom task."""
+    targets = task_targets()
+    target = task_cfg.get("_target_") or targets.get(str(task_cfg.get("name")), targets[CUSTOM])
+    module_name, _, class_name = str(target).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ConfigError(f"task._target_={target!r}: cannot import it ({err})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"task._target_={target!r} is not a grammarrl.tasks.base.Task")
+    return cls
+
+
+def task_label(name: str) -> str:
+    """A task's column header in result tables: its class's `table_label`, else its name."""
+    target = task_targets().get(name)
+    return (task_class({"_target_": target}).table_label or name) if target else name
 
 
 def load_task(cfg: DictConfig) -> Task:
-    """The task of a composed config (`cfg.task.name`), reading `cfg.data`."""
-    from grammarrl.tasks.conll import ConllTask
-    from grammarrl.tasks.custom import CustomTask
-    from grammarrl.tasks.gloss import GlossTask
-    from grammarrl.tasks.wos import WosTask
-
-    registry: dict[str, type[Task]] = {"gloss": GlossTask, "wos": WosTask, "conll": ConllTask}
-    return registry.get(cfg.task.name, CustomTask)(cfg)  # CustomTask checks its spec
+    """The task of a composed config (`cfg.task`), reading `cfg.data`."""
+    return task_class(cfg.task)(cfg)
 
 
-__all__ = ["Example", "Scores", "Splits", "Task", "load_task"]
+__all__ = ["Example", "Scores", "Splits", "Task", "builtin_task_names", "load_task",
+           "task_class", "task_label"]

@@ -1,6 +1,6 @@
 """The task interface: data splits, forward/reverse chat prompts, grammar, parsing and scoring.
 
-Every task (gloss, wos, conll) implements `Task`. Prompts are chat messages
+Every task (gloss, wos, conll, custom) implements `Task`. Prompts are chat messages
 (`[{"role": "system"|"user"|"assistant", "content": str}, ...]`); the caller applies the
 model's chat template. The forward prompt ends with the query as the last user turn; the
 reverse prompt ends with a candidate output as the last user turn, and the text to
@@ -9,42 +9,12 @@ reconstruct (scored by teacher forcing) is exactly `example.input`.
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-Message = dict[str, str]
-
-
-@dataclass(frozen=True)
-class Example:
-    """One normalised example: input text x and gold output y in the grammar's exact form."""
-
-    uid: str
-    input: str
-    target: str
-
-
-@dataclass
-class Splits:
-    """The paper's split policy: train, held-out dev (calibration), few-shot, test pool."""
-
-    train: list[Example]
-    dev: list[Example]
-    fewshot: list[Example]
-    test_pool: list[Example]
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows skipped
-
-
-@dataclass
-class Scores:
-    """The task metric over a list of predictions, with per-example details."""
-
-    metric: str
-    value: float
-    per_example: list[dict[str, Any]]
-    details: dict[str, Any] = field(default_factory=dict)
-    validity: float = 1.0
+from grammarrl.errors import DataError
+from grammarrl.types import Example, Message, Scores, Splits
 
 
 class Task(ABC):
@@ -52,6 +22,7 @@ class Task(ABC):
 
     name: str
     metric_name: str
+    table_label: ClassVar[str] = ""  # the aggregator's column header, e.g. "CoNLL (F1-micro)"
 
     @abstractmethod
     def splits(self) -> Splits:
@@ -77,14 +48,21 @@ class Task(ABC):
     def score(self, predictions: list[str], examples: list[Example]) -> Scores:
         """Score predictions against the examples' gold targets."""
 
+    def search_penalty(self, example: Example, text: str, complete: bool) -> float:
+        """log Φ <= 0 of the task-specific potential of the search baselines
+        (`search.potential=task`) for an output prefix (`complete=False`: judge its completed
+        units only) or a complete output. Optional: `has_search_penalty` says if defined."""
+        raise NotImplementedError(f"task {self.name} defines no search penalty")
+
+    @classmethod
+    def has_search_penalty(cls) -> bool:
+        """Whether the task defines `search_penalty`."""
+        return cls.search_penalty is not Task.search_penalty
+
     def test_sets(self, num_sets: int, size: int, seed: int) -> list[list[Example]]:
         """`num_sets` test sets of `size` examples from the test pool, set i drawn with seed+i."""
-        import random
-
         pool = self.splits().test_pool
         if not pool:
-            from grammarrl.errors import DataError
-
             raise DataError(f"task {self.name}: the test pool is empty")
         size = min(size, len(pool))
         return [random.Random(seed + i).sample(pool, size) for i in range(num_sets)]

@@ -16,15 +16,16 @@ import logging
 from abc import abstractmethod
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from grammarrl.data.hints import MINILM, HintIndex
 from grammarrl.data.sources import Row, SkipLog, data_root, fingerprint, task_dir
 from grammarrl.data.splits import make_splits
-from grammarrl.errors import ConfigError
-from grammarrl.tasks.base import Example, Message, Splits, Task
+from grammarrl.errors import ConfigError, DataError
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example, Message, Splits
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def clean_text(text: str) -> str:
 class CorpusTask(Task):
     """A task over a corpus read from `data.dir` (or the samples, or the hub)."""
 
+    data_dir: ClassVar[str]  # its sub-directory of data.dir (the layout of ../shared/data)
     instruction: str  # the fixed task instruction
     output_format: str  # the required output format
     inverse_instruction: str  # the reverse prompt's system instruction
@@ -66,14 +68,17 @@ class CorpusTask(Task):
     def read_rows(self) -> list[Row]:
         """The raw rows from the configured source."""
         if self.source == "hub":
-            from grammarrl.data.hub import hub_rows
-
-            return hub_rows(self.name, self.skips, self.seed)
-        return self.read_local(task_dir(self.root, self.name))
+            return self.read_hub()
+        return self.read_local(task_dir(self.root, self.data_dir, self.name))
 
     @abstractmethod
     def read_local(self, directory: Path) -> list[Row]:
         """Read this task's files from its directory under data.dir."""
+
+    def read_hub(self) -> list[Row]:
+        """All rows of the task's public Hugging Face dataset (`data.source=hub`)."""
+        raise DataError(f"task {self.name}: no public hub dataset is known; put its files under "
+                        f"data.dir/{self.data_dir} and use data.source=local")
 
     @abstractmethod
     def normalise(self, row: Row) -> Example | None:

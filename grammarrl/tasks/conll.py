@@ -1,28 +1,89 @@
 """CoNLL-2003 NER as JSON. Output: {"person": s, "organization": s, "location": s, "misc": s}.
 
 Each value is the first span of that type in the sentence, verbatim, or "" if absent. Sentences
-without entities are left out (as the paper's authors did). Values come from closed per-type
+without entities are left out (as the paper's authors did). Files: conll2003/{train,valid,test}.txt
+(CoNLL columns, IOB2 tags in the last one), or the hub's eriktks/conll2003. Values come from closed per-type
 vocabularies of the first spans over all splits (8,804 on the real data). A row whose first
 span contains a quote, a backslash or a control character cannot be written in the grammar's
 plain strings: it is dropped and counted. Metric: micro-F1 over the four fields.
+
+Search potential (paper table "task-specific potentials"), judged on the closed fields of a
+prefix: grounding (-3.0 per value not a verbatim substring of the sentence), word boundary
+(-1.5 per value found only inside longer words), duplicate (-1.0 per extra field repeating a
+non-empty value).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from functools import cached_property
 from pathlib import Path
 
-from grammarrl.data.local import read_conll
-from grammarrl.data.sources import Row
+from grammarrl.data.hub import load_hub_dataset
+from grammarrl.data.sources import Row, SkipLog, read_lines
 from grammarrl.metrics import entity_prf, validity_rate
-from grammarrl.tasks.base import Example, Scores
 from grammarrl.tasks.common import CorpusTask
 from grammarrl.tasks.grammar_check import alternation, json_string, lark_literal
+from grammarrl.types import Example, Scores
 
 FIELDS = ("person", "organization", "location", "misc")
 TAG_FIELDS = {"PER": "person", "ORG": "organization", "LOC": "location", "MISC": "misc"}
+FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
+HUB_ID = "eriktks/conll2003"
+GROUNDING, BOUNDARY, DUPLICATE = -3.0, -1.5, -1.0
+CLOSED_FIELD = re.compile(r'"(person|organization|location|misc)": ("(?:[^"\\]|\\.)*")')
+
+
+# ----- reading --------------------------------------------------------------------------
+def read_conll(directory: Path, skips: SkipLog) -> list[Row]:
+    """Sentences of the IOB2 CoNLL files: fields `tokens` and `tags`, located at their first line."""
+    rows = []
+    for split, name in FILES.items():
+        path = directory / name
+        tokens: list[str] = []
+        tags: list[str] = []
+        start, bad = 0, ""
+        for number, line in enumerate([*read_lines(path), ""], start=1):
+            columns = line.split()
+            if columns and columns[0] == "-DOCSTART-":
+                continue
+            if columns:
+                start = start or number
+                tag = columns[-1]
+                if len(columns) < 2 or not _valid_tag(tag):
+                    bad = bad or f"line {number}: {line!r} has no valid NER tag"
+                tokens.append(columns[0])
+                tags.append(tag)
+                continue
+            if tokens:
+                where = f"{path}:{start}"
+                if bad:
+                    skips.skip("malformed_line", where, bad)
+                else:
+                    rows.append(Row(split, {"tokens": tokens, "tags": tags}, where))
+            tokens, tags, start, bad = [], [], 0, ""
+    return rows
+
+
+def _valid_tag(tag: str) -> bool:
+    return tag == "O" or (tag[:2] in ("B-", "I-") and tag[2:] in TAG_FIELDS)
+
+
+def read_hub_conll() -> list[Row]:
+    """The hub's CoNLL-2003 (parquet conversion), its tag ids mapped to IOB2 names."""
+    data = load_hub_dataset(HUB_ID, revision="refs/convert/parquet")
+    rows = []
+    for split, hub_split in (("train", "train"), ("dev", "validation"), ("test", "test")):
+        names = data[hub_split].features["ner_tags"].feature.names
+        for i, r in enumerate(data[hub_split]):
+            fields = {"tokens": list(r["tokens"]), "tags": [names[t] for t in r["ner_tags"]]}
+            rows.append(Row(split, fields, f"{HUB_ID}:{hub_split}:{i}"))
+    return rows
+
+
+# ----- outputs --------------------------------------------------------------------------
 
 
 def output_fields(text: str) -> dict[str, str]:
@@ -77,9 +138,56 @@ def conll_target(record: dict[str, str]) -> str:
     return json.dumps({field: record.get(field, "") for field in FIELDS}, ensure_ascii=False)
 
 
+# ----- search potential -----------------------------------------------------------------
+def closed_fields(text: str) -> dict[str, str]:
+    """The closed fields of a (partial) output: a value counts once its closing quote is
+    emitted (the values are closed-vocabulary JSON strings)."""
+    fields = {}
+    for match in CLOSED_FIELD.finditer(text):
+        try:
+            fields[match.group(1)] = json.loads(match.group(2))
+        except json.JSONDecodeError:
+            continue
+    return fields
+
+
+def field_penalty(sentence: str, fields: dict[str, str]) -> float:
+    """Grounding, word-boundary and duplicate penalties of the closed fields."""
+    total = 0.0
+    seen: dict[str, int] = {}
+    for value in fields.values():
+        if not value:
+            continue
+        seen[value] = seen.get(value, 0) + 1
+        if value not in sentence:
+            total += GROUNDING
+        elif not _on_word_boundary(sentence, value):
+            total += BOUNDARY
+    total += DUPLICATE * sum(count - 1 for count in seen.values())
+    return total
+
+
+def _on_word_boundary(sentence: str, value: str) -> bool:
+    """Some occurrence of `value` is not inside a longer word (alphanumerics on either side)."""
+    start = sentence.find(value)
+    while start >= 0:
+        end = start + len(value)
+        before = sentence[start - 1] if start > 0 else " "
+        after = sentence[end] if end < len(sentence) else " "
+        if not (before.isalnum() and value[0].isalnum()) and not (
+            after.isalnum() and value[-1].isalnum()
+        ):
+            return True
+        start = sentence.find(value, start + 1)
+    return False
+
+
+# ----- the task -------------------------------------------------------------------------
 class ConllTask(CorpusTask):
     name = "conll"
     metric_name = "micro_f1"
+    table_label = "CoNLL (F1-micro)"
+    data_dir = "conll2003"
     instruction = (
         "Extract named entities from the sentence. Copy the first span of each type verbatim; "
         "empty string if absent; emit the JSON object only."
@@ -94,6 +202,9 @@ class ConllTask(CorpusTask):
 
     def read_local(self, directory: Path) -> list[Row]:
         return read_conll(directory, self.skips)
+
+    def read_hub(self) -> list[Row]:
+        return read_hub_conll()
 
     def normalise(self, row: Row) -> Example | None:
         tokens, tags = row.fields.get("tokens"), row.fields.get("tags")
@@ -221,3 +332,6 @@ class ConllTask(CorpusTask):
                                                           [ex.target for ex in examples])},
             validity=validity_rate([p is not None for p in parsed]),
         )
+
+    def search_penalty(self, example: Example, text: str, complete: bool) -> float:
+        return field_penalty(example.input, closed_fields(text))

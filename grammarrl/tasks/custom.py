@@ -38,14 +38,15 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from grammarrl.config import TASKS, TaskSchema, unknown_key_error
+from grammarrl.config import TaskSchema, unknown_key_error
 from grammarrl.data.sources import Row, SkipLog, fingerprint, read_lines, read_text
 from grammarrl.data.splits import partition
 from grammarrl.errors import ConfigError, DataError
 from grammarrl.metrics import corpus_bleu, entity_prf, validity_rate
-from grammarrl.tasks.base import Example, Scores
+from grammarrl.tasks import builtin_task_names, task_class
 from grammarrl.tasks.common import CorpusTask, clean_text
 from grammarrl.tasks.grammar_check import GrammarChecker, alternation
+from grammarrl.types import Example, Scores
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +95,19 @@ class CustomSpec:
 
 
 def is_custom(task_cfg: Mapping[str, Any]) -> bool:
-    """A task config that is not one of the built-in tasks (`task=custom`, or renamed by a spec)."""
-    return task_cfg.get("name") not in TASKS
+    """A task config of a task defined from configuration (`task=custom`, or renamed by a spec)."""
+    return issubclass(task_class(task_cfg), CustomTask)
 
 
 def check_task_keys(cfg: DictConfig) -> CustomSpec | None:
     """`config.validate`'s hook: a custom task's spec is merged and checked (`resolve_spec`); a
-    built-in task must not set the keys only custom tasks read."""
-    if is_custom(cfg.task):
+    built-in task must keep its name and not set the keys only custom tasks read."""
+    cls = task_class(cfg.task)
+    if issubclass(cls, CustomTask):
         return resolve_spec(cfg)
+    if cfg.task.name != cls.name:
+        raise ConfigError(f"task.name={cfg.task.name!r} is invalid for task={cls.name} (its "
+                          f"name is {cls.name!r}); a task of your own is task=custom")
     for key in CUSTOM_KEYS:
         if cfg.task.get(key) is not None:
             raise ConfigError(f"task.{key} is read by task=custom only, not by "
@@ -119,8 +124,9 @@ def resolve_spec(cfg: DictConfig) -> CustomSpec:
         if name == "custom":
             raise ConfigError("task=custom needs task.spec=FILE (a YAML file defining the task) "
                               "or its keys inline, task.train=... at least (conf/task/custom.yaml)")
-        raise ConfigError(f"task={name!r} is invalid: expected one of {', '.join(TASKS)}, or "
-                          "custom (task=custom task.spec=FILE)")
+        raise ConfigError(f"task={name!r} is invalid: expected one of "
+                          f"{', '.join(builtin_task_names())}, or custom (task=custom "
+                          "task.spec=FILE)")
     if task.get("spec") is not None:
         merge_spec_file(task)
     source = str(cfg.get("data", {}).get("source", "local"))
@@ -203,9 +209,10 @@ def _text(task: DictConfig, key: str, default: str | None = None) -> str | None:
 def build_spec(task: DictConfig) -> CustomSpec:
     """Check a merged custom task config and compile its constraint (no tokenizer needed)."""
     name = str(task.name)
-    if not NAME.fullmatch(name) or name in TASKS:
+    builtins = builtin_task_names()
+    if not NAME.fullmatch(name) or name in builtins:
         raise ConfigError(f"task.name={name!r} is invalid for a custom task: expected letters, "
-                          f"digits, _ . - and not a built-in task's name ({', '.join(TASKS)})")
+                          f"digits, _ . - and not a built-in task's name ({', '.join(builtins)})")
     if task.get("train") is None:
         raise ConfigError("task.train is required: the JSONL or CSV file of training inputs")
     files = {key: _existing_file(task, key) for key in FILE_KEYS if task.get(key) is not None}

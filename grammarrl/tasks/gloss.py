@@ -2,24 +2,76 @@
 
 Gloss terms use the paper's suffix form (`DESC-X -> X-DESC`, `X-Y -> Y-X`) after three corpus
 typo fixes. The closed vocabulary is every term of every gloss line of the corpus.
-Metric: corpus BLEU (0-1).
+Metric: corpus BLEU (0-1). Files: aslg_pc12/ENG-ASL_{Train,Dev,test}_0.046.{en,asl} (line i of
+.en pairs with line i of .asl), or the hub's achrafothman/aslg_pc12 (one pool, split here).
+
+Search potential (paper table "task-specific potentials"), on the completed terms of a prefix
+(those followed by a space) and on the complete output: precision (-0.5 per term whose lemma
+matches no source word and is not a closed-class function term, at most 5), coverage (complete
+output only: -0.5 per source content word matched by no term, at most 5), degenerate run (-1.0
+per maximal run of >= 3 identical adjacent terms). Its word tables are in gloss_words.json.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
+import re
 from functools import cached_property
 from pathlib import Path
 
-from grammarrl.data.local import read_aslg
-from grammarrl.data.sources import Row
+from grammarrl.data.hub import load_hub_dataset
+from grammarrl.data.sources import Row, SkipLog, read_lines
+from grammarrl.errors import DataError
 from grammarrl.metrics import corpus_bleu, validity_rate
-from grammarrl.tasks.base import Example, Scores
 from grammarrl.tasks.common import CorpusTask, clean_text
 from grammarrl.tasks.grammar_check import alternation
+from grammarrl.types import Example, Scores
 
 TYPO_FIXES = {"DESC-N": "DESC-THAN", "DESC-RE": "DESC-THERE", "DESC-REFORE": "DESC-THEREFORE"}
 PREFIXES = ("DESC-", "X-")
+FILES = {"train": "ENG-ASL_Train_0.046", "dev": "ENG-ASL_Dev_0.046", "test": "ENG-ASL_test_0.046"}
+HUB_ID = "achrafothman/aslg_pc12"
+HUB_DEV, HUB_TEST = 2045, 2046  # the sizes of the corpus' own dev and test files
+PRECISION, COVERAGE, RUN = -0.5, -0.5, -1.0
+MAX_COUNT = 5
+WORDS = json.loads((Path(__file__).with_name("gloss_words.json")).read_text(encoding="utf-8"))
+FUNCTION_TERMS = frozenset(WORDS["function_terms"])
+STOP_WORDS = FUNCTION_TERMS | frozenset(WORDS["stop_words"])
+IRREGULAR: dict[str, str] = WORDS["irregular"]
+SUFFIXES: tuple[str, ...] = tuple(WORDS["suffixes"])
+
+
+# ----- reading --------------------------------------------------------------------------
+def read_aslg(directory: Path, skips: SkipLog) -> list[Row]:
+    """English/gloss pairs from the corpus' own train/dev/test split files."""
+    rows = []
+    for split, stem in FILES.items():
+        en_path, asl_path = directory / f"{stem}.en", directory / f"{stem}.asl"
+        english, gloss = read_lines(en_path), read_lines(asl_path)
+        if len(english) != len(gloss):
+            raise DataError(
+                f"{en_path} has {len(english)} lines but {asl_path} has {len(gloss)}: "
+                "line i of the .en file must pair with line i of the .asl file"
+            )
+        for number, (text, glossed) in enumerate(zip(english, gloss), start=1):
+            rows.append(Row(split, {"text": text, "gloss": glossed}, f"{en_path}:{number}"))
+    return rows
+
+
+def read_hub_aslg(seed: int) -> list[Row]:
+    """The hub's ASLG-PC12, one unsplit pool, split with `seed` into the corpus' split sizes."""
+    pool = load_hub_dataset(HUB_ID, split="train")
+    order = list(range(len(pool)))
+    random.Random(seed).shuffle(order)
+    split_of = {i: "test" for i in order[:HUB_TEST]}
+    split_of.update({i: "dev" for i in order[HUB_TEST : HUB_TEST + HUB_DEV]})
+    return [Row(split_of.get(i, "train"), {"text": r["text"], "gloss": r["gloss"]},
+                f"{HUB_ID}:train:{i}") for i, r in enumerate(pool)]
+
+
+# ----- outputs --------------------------------------------------------------------------
 
 
 def suffix_form(term: str) -> str:
@@ -36,9 +88,95 @@ def gloss_terms(gloss: str) -> list[str]:
     return [suffix_form(term) for term in gloss.split()]
 
 
+# ----- search potential -----------------------------------------------------------------
+def stem(word: str) -> str:
+    """A dictionary-then-suffix-stripping lemma key (lower case), kept >= 3 letters."""
+    word = word.lower()
+    if word in IRREGULAR:
+        return IRREGULAR[word]
+    for suffix in SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "aeiou":
+        word = word[:-1]  # doubled consonant: "planned" -> "plann" -> "plan"
+    return word[:-1] if len(word) >= 4 and word.endswith("e") else word
+
+
+def _matches(a: str, b: str) -> bool:
+    """Two stems match when equal or when they share a prefix of at least 4 letters that
+    leaves at most 2 letters of the shorter one (corpus lemmas: MALAYSIUM ~ malaysia)."""
+    if a == b:
+        return True
+    common = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        common += 1
+    return common >= max(4, min(len(a), len(b)) - 2)
+
+
+def gloss_lemma(term: str) -> list[str]:
+    """The lemma parts of a gloss term in suffix form (`CLOSE-DESC` -> [close], `POSS-X` ->
+    [poss]), lower case; hyphenated compounds split."""
+    for marker in ("-DESC", "-X"):
+        if term.endswith(marker) and len(term) > len(marker):
+            term = term[: -len(marker)]
+            break
+    return [part for part in term.lower().split("-") if part]
+
+
+def _source_words(sentence: str) -> list[str]:
+    return re.findall(r"[^\W_]+(?:'[a-z]+)?|\S", sentence.lower())
+
+
+def gloss_penalty(sentence: str, terms: list[str], complete: bool) -> float:
+    """Precision (completed terms), degenerate runs and, on complete outputs, coverage."""
+    words = _source_words(sentence)
+    stems = {stem(w) for w in words} | set(words)
+    total = 0.0
+    ungrounded = 0
+    lowered = sentence.lower()
+    for term in terms:
+        parts = gloss_lemma(term)
+        grounded = (
+            not any(ch.isalnum() for ch in term)  # punctuation
+            or "-".join(parts) in lowered  # verbatim (numbers, abbreviations, names)
+            or all(p in FUNCTION_TERMS or any(_matches(stem(p), s) for s in stems) for p in parts)
+        )
+        ungrounded += not grounded
+    total += PRECISION * min(ungrounded, MAX_COUNT)
+    run = 1
+    for prev, term in itertools.pairwise(terms):
+        run = run + 1 if term == prev else 1
+        if run == 3:  # count each maximal run of >= 3 once, when it reaches 3
+            total += RUN
+    if complete:
+        lemmas = {stem(p) for term in terms for p in gloss_lemma(term)}
+        missing = 0
+        for w in dict.fromkeys(words):
+            if w.isalpha() and len(w) >= 3 and w not in STOP_WORDS:
+                key = stem(w)
+                if not any(_matches(key, lemma) for lemma in lemmas):
+                    missing += 1
+        total += COVERAGE * min(missing, MAX_COUNT)
+    return total
+
+
+def gloss_terms_of(text: str, complete: bool) -> list[str]:
+    """Completed terms: on a prefix, those followed by the separator (the last one may grow)."""
+    terms = text.split(" ")
+    if not complete:
+        terms = terms[:-1]
+    return [t for t in terms if t]
+
+
+# ----- the task -------------------------------------------------------------------------
 class GlossTask(CorpusTask):
     name = "gloss"
     metric_name = "bleu"
+    table_label = "Gloss (BLEU)"
+    data_dir = "aslg_pc12"
     instruction = (
         "Simplify the sentence into basic components. Separate components with a single space; "
         "preserve the meaning and structure of the original."
@@ -54,6 +192,9 @@ class GlossTask(CorpusTask):
 
     def read_local(self, directory: Path) -> list[Row]:
         return read_aslg(directory, self.skips)
+
+    def read_hub(self) -> list[Row]:
+        return read_hub_aslg(self.seed)
 
     def normalise(self, row: Row) -> Example | None:
         text, gloss = row.fields.get("text"), row.fields.get("gloss")
@@ -151,3 +292,6 @@ class GlossTask(CorpusTask):
             details={"bleu": bleu},
             validity=validity_rate(valid),
         )
+
+    def search_penalty(self, example: Example, text: str, complete: bool) -> float:
+        return gloss_penalty(example.input, gloss_terms_of(text, complete), complete)

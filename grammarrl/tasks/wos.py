@@ -2,7 +2,9 @@
 
 The label space is the raw WOS-46985 one (7 parents, 145 parent-child paths; two child names
 occur under two parents), read from label_counts_raw_145.json. The grammar admits only the
-children of the parent just emitted. Metric: hierarchical F1.
+children of the parent just emitted. Metric: hierarchical F1. Files: wos/wos_labelled.jsonl
+({"abstract", "parent", "child", ...} per line) and wos/label_counts_raw_145.json
+({parent: {child: count}}: the label space). No public hub dataset carries the label names.
 """
 
 from __future__ import annotations
@@ -12,13 +14,48 @@ import random
 from functools import cached_property
 from pathlib import Path
 
-from grammarrl.data.local import read_wos, read_wos_labels
-from grammarrl.data.sources import Row, task_dir
+from grammarrl.data.sources import Row, SkipLog, read_lines, read_text, task_dir
 from grammarrl.data.splits import partition
+from grammarrl.errors import DataError
 from grammarrl.metrics import hierarchical_prf, validity_rate
-from grammarrl.tasks.base import Example, Scores
 from grammarrl.tasks.common import CorpusTask, clean_text
 from grammarrl.tasks.grammar_check import alternation, json_string, lark_literal
+from grammarrl.types import Example, Scores
+
+RECORDS = "wos_labelled.jsonl"
+LABELS = "label_counts_raw_145.json"
+
+
+def read_wos(directory: Path, skips: SkipLog) -> list[Row]:
+    """The labelled WoS pool (one split, `all`): fields `abstract`, `parent`, `child`."""
+    path = directory / RECORDS
+    rows = []
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            skips.skip("malformed_json", where, str(err))
+            continue
+        if not isinstance(record, dict):
+            skips.skip("malformed_json", where, "not a JSON object")
+            continue
+        rows.append(Row("all", record, where))
+    return rows
+
+
+def read_wos_labels(directory: Path) -> dict[str, list[str]]:
+    """The label space {parent: [children]} (order kept) from label_counts_raw_145.json."""
+    path = directory / LABELS
+    try:
+        table = json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(table, dict) or not all(isinstance(v, (dict, list)) for v in table.values()):
+        raise DataError(f"{path}: expected {{parent: {{child: count}}}}")
+    return {str(parent): [str(child) for child in children] for parent, children in table.items()}
 
 
 def wos_target(parent: str, child: str) -> str:
@@ -29,6 +66,8 @@ def wos_target(parent: str, child: str) -> str:
 class WosTask(CorpusTask):
     name = "wos"
     metric_name = "hierarchical_f1"
+    table_label = "WoS (Hier. F1)"
+    data_dir = "wos"
     instruction = (
         "Classify the abstract into one parent-child path of the hierarchy. "
         "Use labels from the hierarchy only."
@@ -43,10 +82,8 @@ class WosTask(CorpusTask):
     def hierarchy(self) -> dict[str, list[str]]:
         """{parent: [children]} in the label file's order."""
         if self.root is None:
-            from grammarrl.data.hub import hub_rows
-
-            hub_rows(self.name, self.skips)  # raises: no hub source carries the label names
-        return read_wos_labels(task_dir(self.root, self.name))
+            self.read_hub()  # raises: no hub source carries the label names
+        return read_wos_labels(task_dir(self.root, self.data_dir, self.name))
 
     @cached_property
     def _paths(self) -> frozenset[tuple[str, str]]:
@@ -54,6 +91,13 @@ class WosTask(CorpusTask):
 
     def read_local(self, directory: Path) -> list[Row]:
         return read_wos(directory, self.skips)
+
+    def read_hub(self) -> list[Row]:
+        raise DataError(
+            f"task {self.name}: no public hub dataset carries the WoS label names; put "
+            f"{RECORDS} and {LABELS} under data.dir/{self.data_dir} (see docs/tasks.md) and use "
+            "data.source=local"
+        )
 
     def normalise(self, row: Row) -> Example | None:
         fields = row.fields
