@@ -28,6 +28,7 @@ from experiments.runs import (
     load_sweep,
 )
 from experiments.table import Block, Cell, Row, Table, to_latex, to_markdown
+from grammarrl.tasks import gloss
 
 
 def write_table(table: Table, out: Path) -> list[Path]:
@@ -150,7 +151,7 @@ def conll_empty_fields(trained: list[Evaluation], baselines: list[Evaluation],
 
 def gloss_trap_tokens(trained: list[Evaluation], out: Path) -> list[Path]:
     """Paper Table/analysis "trap tokens in gloss predictions" against λ (+ a figure)."""
-    terms = [*analysis.TRAP_TERMS, analysis.BARE_X]
+    terms = [*gloss.TRAP_TERMS, gloss.BARE_X]
     points = []
     for ev in sorted(trained, key=lambda e: e.lam):
         rows = analysis.read_predictions(ev)

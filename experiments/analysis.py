@@ -17,11 +17,6 @@ from grammarrl.calibration import calibration_key, entries
 from grammarrl.results import mean_std
 from grammarrl.tasks import conll
 
-# The paper's gloss trap tokens (fragments forced by the grammar after a likely prefix) and the
-# generic gloss X (Table "trap tokens in Gloss predictions").
-TRAP_TERMS = ("THEREFORE-DESC", "OFTEN-DESC", "THERE-DESC")
-BARE_X = "X"
-
 
 def read_predictions(ev: Evaluation) -> list[dict[str, Any]]:
     """The evaluation's predictions file, one dict per (test set, example)."""

@@ -41,6 +41,10 @@ FUNCTION_TERMS = frozenset(WORDS["function_terms"])
 STOP_WORDS = FUNCTION_TERMS | frozenset(WORDS["stop_words"])
 IRREGULAR: dict[str, str] = WORDS["irregular"]
 SUFFIXES: tuple[str, ...] = tuple(WORDS["suffixes"])
+# Analysis (paper Table "trap tokens in Gloss predictions"; experiments/aggregate.py): fragments
+# the grammar forces after a likely prefix, and the generic gloss X.
+TRAP_TERMS = ("THEREFORE-DESC", "OFTEN-DESC", "THERE-DESC")
+BARE_X = "X"
 
 
 # ----- reading --------------------------------------------------------------------------
