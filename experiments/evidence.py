@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,17 +413,20 @@ def calibrated_sigmas(ev: Evaluation) -> Sigmas | None:
     if not found:
         return None
     return Sigmas(float(found[-1]["sigma_direct"]), float(found[-1]["sigma_reverse"]),
-                  f"{path} [{key}]")
+                  f"{os.path.relpath(path)} [{key}]")
 
 
 def locate(name: str | None, run_path: Path) -> Path | None:
     """A file named in a run's config: absolute, or relative to the directory the sweep was
-    launched from (the current one, or one holding the run)."""
+    launched from (the current one, or one holding the run); else a file of that name archived
+    beside the run's sweep (in a directory holding the run: committed results)."""
     if not name:
         return None
     path = Path(name)
-    bases = [Path()] if path.is_absolute() else [Path.cwd(), *run_path.resolve().parents]
-    return next((base / path for base in bases if (base / path).is_file()), None)
+    ancestors = run_path.resolve().parents
+    bases = [Path()] if path.is_absolute() else [Path.cwd(), *ancestors]
+    candidates = [base / path for base in bases] + [base / path.name for base in ancestors]
+    return next((c for c in candidates if c.is_file()), None)
 
 
 def mechanism_table(systems: Sequence[System], chosen: TrainingRun | None,

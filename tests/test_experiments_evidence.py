@@ -246,6 +246,14 @@ def test_sigmas_recorded_in_the_checkpoint_come_first(study: Path):
     assert rows["GrammarRL greedy, dev-chosen (λ=1, N=3)"][4] == "-1.000 ± 0.500"  # r / 1
 
 
+def test_calibration_archived_beside_the_runs_is_found_by_name(study: Path):
+    """Committed results keep calibration.json beside the sweeps, not at the launch path."""
+    (study.parent / CALIBRATION).rename(study / "calibration.json")
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    text = (study / "train" / "aggregate" / "mechanism.md").read_text()
+    assert "σ_direct=2.0000, σ_reverse=0.5000" in text and "no σ's found" not in text
+
+
 def test_rows_on_other_test_sets_are_refused_naming_the_runs(tmp_path: Path,
                                                             base_config: dict[str, Any]):
     study = tmp_path / "study"
