@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,31 +39,46 @@ def load_evaluated_model(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
     return model, tokenizer
 
 
-def run_eval(cfg: DictConfig) -> dict[str, Any]:
-    """Load the task, the model (plus `eval.adapter` if set), evaluate, write the results."""
+def run_scoring_job(cfg: DictConfig, decode: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """mode=eval and mode=search: load the task and the model (plus `eval.adapter`), run
+    `decode(cfg, model, tokenizer, task, out)`, which writes the results, and print its summary."""
     from grammarrl.tasks import load_task
 
     out = run_dir(cfg)
     task = load_task(cfg)
     model, tokenizer = load_evaluated_model(cfg)
-    results = evaluate(cfg, model, tokenizer, task, cfg.eval.decoding, out,
-                       adapter=cfg.eval.adapter)
+    results = decode(cfg, model, tokenizer, task, out)
     print(summary_line(results))
     return results
 
 
+def run_eval(cfg: DictConfig) -> dict[str, Any]:
+    """mode=eval: decode the test sets with `eval.decoding`, score them, write the results."""
+    return run_scoring_job(cfg, lambda cfg, model, tokenizer, task, out: evaluate(
+        cfg, model, tokenizer, task, cfg.eval.decoding, out, adapter=cfg.eval.adapter))
+
+
 def summary_line(results: dict[str, Any]) -> str:
-    decoding = results["decoding"]
+    """One line for a results record of mode=eval (or training's evaluations) or mode=search."""
+    decoding, diagnostics = results["decoding"], results.get("diagnostics")
     if decoding == "beam":
         penalty = results.get("length_penalty")
         decoding = f"beam({results.get('beam_width')}{f', lp={penalty}' if penalty else ''})"
-    return (
-        f"{results['task']} {results['model']} {decoding}: {results['metric']} "
-        f"{results['mean']:.4f} ± {results['std']:.4f} over {len(results['scores'])} test set(s) "
-        f"{[round(s, 4) for s in results['scores']]}; validity {results['validity']:.3f}, "
-        f"truncated {results['truncated']:.3f}; {results['seconds_per_example']:.2f} s/example "
-        f"-> {results['path']}"
-    )
+    elif diagnostics is not None:
+        decoding = f"{decoding}(N={results['particles']}, {results['potential']})"
+    line = (f"{results['task']} {results['model']} {decoding}: {results['metric']} "
+            f"{results['mean']:.4f} ± {results['std']:.4f} over {len(results['scores'])} test "
+            f"set(s) {[round(s, 4) for s in results['scores']]}; validity "
+            f"{results['validity']:.3f}")
+    if diagnostics is None:
+        return (f"{line}, truncated {results['truncated']:.3f}; "
+                f"{results['seconds_per_example']:.2f} s/example -> {results['path']}")
+    cost = results.get("cost")
+    cost_text = f"cost {cost:.1f}x greedy (tokens {results['cost_tokens']:.1f}x)" if cost else ""
+    return (f"{line}; mean ESS {diagnostics['mean_ess']:.2f}, complete "
+            f"{diagnostics['complete_selected']:.3f}, vanished {diagnostics['weights_vanished']:.3f}"
+            f", posterior-weighted {diagnostics['posterior_weighted']:.4f}; {cost_text} -> "
+            f"{results['path']}")
 
 
 def is_valid(task: Task, gen: Generation) -> bool:
@@ -93,6 +109,18 @@ def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> tuple[int
     return len(rejected), len(golds)
 
 
+def distinct_prompts(tokenizer: Any, task: Task, examples: list[Example]
+                     ) -> tuple[dict[str, Example], dict[str, list[int]], list[str]]:
+    """Each distinct example once (test sets may share some): uid -> example, uid -> its
+    forward prompt's tokens, and the uids longest prompt first (the order of the batches)."""
+    unique: dict[str, Example] = {}
+    for ex in examples:
+        unique.setdefault(ex.uid, ex)
+    prompts = {uid: encode_prompt(tokenizer, task.forward_messages(ex))
+               for uid, ex in unique.items()}
+    return unique, prompts, sorted(unique, key=lambda uid: -len(prompts[uid]))
+
+
 def decode_examples(
     decoder: ConstrainedDecoder,
     tokenizer: Any,
@@ -107,13 +135,7 @@ def decode_examples(
     """Decode each distinct example once (by uid), in length-sorted batches; uid -> output."""
     from tqdm.auto import tqdm
 
-    unique: dict[str, Example] = {}
-    for ex in examples:
-        unique.setdefault(ex.uid, ex)
-    prompts = {
-        uid: encode_prompt(tokenizer, task.forward_messages(ex)) for uid, ex in unique.items()
-    }
-    order = sorted(unique, key=lambda uid: -len(prompts[uid]))  # the longest batches first
+    _, prompts, order = distinct_prompts(tokenizer, task, examples)
     outputs: dict[str, Generation] = {}
     valid = 0
     bar = tqdm(total=len(order), desc=f"eval {decoding}", unit="ex", disable=not progress)
@@ -173,6 +195,86 @@ def reward_fields(rewards: dict[str, tuple[float, float] | None] | None, uid: st
             "reward_reverse": value[1] if value else None}
 
 
+def score_test_sets(
+    task: Task,
+    test_sets: list[list[Example]],
+    selected: dict[str, Generation],
+    rewards: dict[str, tuple[float, float] | None] | None,
+    set_fields: Callable[[int, list[Example]], dict[str, Any]] | None = None,
+    row_fields: Callable[[int, Example, Generation], dict[str, Any]] | None = None,
+) -> tuple[list[float], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The metric of each test set's selected outputs (uid -> output), its per-set record and
+    one predictions row per example; `set_fields` and `row_fields` add a method's own fields."""
+    scores, per_set, rows = [], [], []
+    for set_idx, test_set in enumerate(test_sets):
+        gens = [selected[ex.uid] for ex in test_set]
+        result = task.score([g.text for g in gens], test_set)
+        scores.append(result.value)
+        per_set.append({
+            "value": result.value,
+            "size": len(test_set),
+            "validity": sum(is_valid(task, g) for g in gens) / len(gens),
+            "truncated": sum(g.truncated for g in gens) / len(gens),
+            "task_validity": result.validity,
+            **(set_fields(set_idx, test_set) if set_fields else {}),
+            "details": result.details,
+            **(reward_means(rewards, test_set) if rewards is not None else {}),
+        })
+        for ex, gen, item in zip(test_set, gens, result.per_example):
+            rows.append({
+                "set": set_idx,
+                "uid": ex.uid,
+                "input": ex.input,
+                "gold": ex.target,
+                "prediction": gen.text,
+                "valid": is_valid(task, gen),
+                "finished": gen.finished,
+                "truncated": gen.truncated,
+                "num_tokens": gen.num_tokens,
+                "logp_constrained": gen.sum_logp_constrained,
+                "logp_unconstrained": gen.sum_logp_unconstrained,
+                "scores": item,
+                **(row_fields(set_idx, ex, gen) if row_fields else {}),
+                **reward_fields(rewards, ex.uid),
+            })
+    return scores, per_set, rows
+
+
+def output_summary(task: Task, outputs: list[Generation], seconds: float) -> dict[str, float]:
+    """Validity, truncation, speed and length over the distinct outputs of a decoding pass."""
+    count = max(len(outputs), 1)
+    return {
+        "validity": sum(is_valid(task, g) for g in outputs) / count,
+        "truncated": sum(g.truncated for g in outputs) / count,
+        "examples_per_second": len(outputs) / seconds if seconds > 0 else float("nan"),
+        "seconds_per_example": seconds / count,
+        "decode_seconds": seconds,
+        "mean_output_tokens": sum(g.num_tokens for g in outputs) / count,
+    }
+
+
+def sets_summary(cfg: DictConfig, test_sets: list[list[Example]], distinct: int
+                     ) -> dict[str, Any]:
+    """How the test sets were drawn and decoded (results fields shared by eval and search)."""
+    return {
+        "num_test_sets": len(test_sets),
+        "test_size": len(test_sets[0]) if test_sets else 0,
+        "num_examples": sum(map(len, test_sets)),
+        "num_unique_examples": distinct,
+        "max_new_tokens": cfg.task.max_new_tokens,
+        "seed": cfg.seed,
+    }
+
+
+def save_results(out: Path, results: dict[str, Any], rows: list[dict[str, Any]], name: str
+                 ) -> dict[str, Any]:
+    """Write `<out>/<name>.json` and its predictions; the record gains `path`."""
+    path = write_results(out, results, rows, name=name)
+    results["path"] = str(path)
+    log.info("wrote %s", path)
+    return results
+
+
 def evaluate(
     cfg: DictConfig,
     model: torch.nn.Module,
@@ -207,41 +309,7 @@ def evaluate(
     rewards = (output_rewards(model, tokenizer, task, all_examples, outputs, progress)
                if cfg.eval.score_rewards else None)
 
-    scores, per_set, rows = [], [], []
-    for set_idx, test_set in enumerate(test_sets):
-        gens = [outputs[ex.uid] for ex in test_set]
-        result = task.score([g.text for g in gens], test_set)
-        scores.append(result.value)
-        per_set.append(
-            {
-                "value": result.value,
-                "size": len(test_set),
-                "validity": sum(is_valid(task, g) for g in gens) / len(gens),
-                "truncated": sum(g.truncated for g in gens) / len(gens),
-                "task_validity": result.validity,
-                "details": result.details,
-                **(reward_means(rewards, test_set) if rewards is not None else {}),
-            }
-        )
-        for ex, gen, item in zip(test_set, gens, result.per_example):
-            rows.append(
-                {
-                    "set": set_idx,
-                    "uid": ex.uid,
-                    "input": ex.input,
-                    "gold": ex.target,
-                    "prediction": gen.text,
-                    "valid": is_valid(task, gen),
-                    "finished": gen.finished,
-                    "truncated": gen.truncated,
-                    "num_tokens": gen.num_tokens,
-                    "logp_constrained": gen.sum_logp_constrained,
-                    "logp_unconstrained": gen.sum_logp_unconstrained,
-                    "scores": item,
-                    **reward_fields(rewards, ex.uid),
-                }
-            )
-
+    scores, per_set, rows = score_test_sets(task, test_sets, outputs, rewards)
     unique = list(outputs.values())
     results = build_results(
         task=task.name,
@@ -249,30 +317,17 @@ def evaluate(
         decoding=decoding,
         metric=task.metric_name,
         scores=scores,
-        validity=sum(is_valid(task, g) for g in unique) / max(len(unique), 1),
-        truncated=sum(g.truncated for g in unique) / max(len(unique), 1),
-        examples_per_second=len(unique) / seconds if seconds > 0 else float("nan"),
         config=cfg,
+        **output_summary(task, unique, seconds),
         beam_width=beam_width if decoding == "beam" else None,
         length_penalty=cfg.eval.length_penalty if decoding == "beam" else None,
-        seconds_per_example=seconds / max(len(unique), 1),
-        decode_seconds=seconds,
-        num_test_sets=len(test_sets),
-        test_size=len(test_sets[0]) if test_sets else 0,
-        num_examples=len(all_examples),
-        num_unique_examples=len(unique),
+        **sets_summary(cfg, test_sets, len(unique)),
         batch_size=cfg.eval.batch_size,
-        max_new_tokens=cfg.task.max_new_tokens,
         adapter=adapter_name(adapter),
-        seed=cfg.seed,
         device=str(decoder.device),
         dtype=str(getattr(model, "dtype", "")).removeprefix("torch."),
-        mean_output_tokens=sum(g.num_tokens for g in unique) / max(len(unique), 1),
         per_set=per_set,
         gold_rejected=gold_rejected,
         gold_total=gold_total,
     )
-    path = write_results(out, results, rows, name=name)
-    results["path"] = str(path)
-    log.info("wrote %s", path)
-    return results
+    return save_results(out, results, rows, name)

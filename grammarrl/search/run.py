@@ -27,18 +27,19 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, smc
 from grammarrl.evaluate import (
     decode_examples,
-    is_valid,
-    load_evaluated_model,
+    distinct_prompts,
     output_rewards,
-    reward_fields,
-    reward_means,
+    output_summary,
+    run_scoring_job,
+    save_results,
+    score_test_sets,
+    sets_summary,
 )
-from grammarrl.results import adapter_name, build_results, mean_std, run_dir, write_results
+from grammarrl.results import adapter_name, build_results, mean_std, run_dir
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
 from grammarrl.tasks.base import Task
@@ -48,30 +49,8 @@ log = logging.getLogger(__name__)
 
 
 def run_search(cfg: DictConfig) -> dict[str, Any]:
-    """Load the task, the model (plus `eval.adapter` as the proposal if set), search, write."""
-    from grammarrl.tasks import load_task
-
-    out = run_dir(cfg)
-    task = load_task(cfg)
-    model, tokenizer = load_evaluated_model(cfg)
-    results = search(cfg, model, tokenizer, task, out)
-    print(summary_line(results))
-    return results
-
-
-def summary_line(results: dict[str, Any]) -> str:
-    d = results["diagnostics"]
-    cost = results.get("cost")
-    cost_text = f"cost {cost:.1f}x greedy (tokens {results['cost_tokens']:.1f}x)" if cost else ""
-    return (
-        f"{results['task']} {results['model']} {results['decoding']}(N={results['particles']}, "
-        f"{results['potential']}): {results['metric']} {results['mean']:.4f} ± "
-        f"{results['std']:.4f} over {len(results['scores'])} test set(s) "
-        f"{[round(s, 4) for s in results['scores']]}; validity {results['validity']:.3f}; "
-        f"mean ESS {d['mean_ess']:.2f}, complete {d['complete_selected']:.3f}, vanished "
-        f"{d['weights_vanished']:.3f}, posterior-weighted {d['posterior_weighted']:.4f}; "
-        f"{cost_text} -> {results['path']}"
-    )
+    """mode=search: the task, the model (plus `eval.adapter` as the proposal if set), search."""
+    return run_scoring_job(cfg, search)
 
 
 class _Timed:
@@ -103,28 +82,20 @@ def search_examples(
     task: Task,
     examples: list[Example],
     potential: Potential,
-    method: str,
-    particles: int,
-    ess_threshold: float,
-    temperature: float,
-    batch_size: int,
+    settings: DictConfig,
     seed: int,
     progress: bool = True,
 ) -> tuple[dict[str, ParticleSet], float]:
-    """Particles of each distinct example (by uid), in length-sorted batches; also returns the
-    seconds spent in the potential."""
+    """Particles of each distinct example (by uid) under `settings` (the `search` config
+    group), in length-sorted batches; also returns the seconds spent in the potential."""
     from tqdm.auto import tqdm
 
-    unique: dict[str, Example] = {}
-    for ex in examples:
-        unique.setdefault(ex.uid, ex)
-    prompts = {
-        uid: encode_prompt(tokenizer, task.forward_messages(ex)) for uid, ex in unique.items()
-    }
-    order = sorted(unique, key=lambda uid: -len(prompts[uid]))
+    method, particles, batch_size = (str(settings.method), int(settings.particles),
+                                     int(settings.batch_size))
+    unique, prompts, order = distinct_prompts(tokenizer, task, examples)
     generator = torch.Generator().manual_seed(seed)
     resample_generator = torch.Generator().manual_seed(seed + 1)
-    threshold = ess_threshold if method == "smc" else 0.0  # rerank / is: no resampling
+    threshold = float(settings.ess_threshold) if method == "smc" else 0.0  # rerank, is: none
     populations: dict[str, ParticleSet] = {}
     potential_seconds = 0.0
     bar = tqdm(total=len(order), desc=f"search {method}", unit="ex", disable=not progress)
@@ -139,7 +110,7 @@ def search_examples(
             particles,
             twist=twist,
             ess_threshold=threshold,
-            temperature=temperature,
+            temperature=float(settings.temperature),
             generator=generator,
             resample_generator=resample_generator,
         )
@@ -171,185 +142,143 @@ def search(
     all_examples = [ex for test_set in test_sets for ex in test_set]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
 
-    greedy = None
-    if s.greedy_baseline:
-        tokens0, started = decoder.forward_tokens, time.perf_counter()
-        outputs = decode_examples(
-            decoder, tokenizer, task, all_examples, "greedy", 0, cfg.eval.batch_size, progress
-        )
-        greedy = {
-            "seconds": time.perf_counter() - started,
-            "forward_tokens": decoder.forward_tokens - tokens0,
-            "scores": [
-                task.score([outputs[ex.uid].text for ex in ts], ts).value for ts in test_sets
-            ],
-        }
-
+    greedy = (_greedy_baseline(decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress)
+              if s.greedy_baseline else None)
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
-        decoder,
-        tokenizer,
-        task,
-        all_examples,
-        potential,
-        method,
-        int(s.particles),
-        float(s.ess_threshold),
-        float(s.temperature),
-        int(s.batch_size),
-        int(cfg.seed),
-        progress,
-    )
+        decoder, tokenizer, task, all_examples, potential, s, int(cfg.seed), progress)
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
     potential_tokens = potential.forward_tokens
 
-    # Selections: the method's own, plus the paired one on the same particles (rerank <-> is).
-    selectors = ["rerank", "is"] if method in ("rerank", "is") else [method]
-    chosen = {m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()} for m in selectors}
-    selected = {uid: populations[uid].generations[i] for uid, i in chosen[method].items()}
-
+    picks = _Selections(task, populations, method, int(s.posterior_draws), int(cfg.seed))
+    selected = picks.selected()
     rewards = (output_rewards(model, tokenizer, task, all_examples, selected, progress)
                if cfg.eval.score_rewards else None)
-    draws = int(s.posterior_draws)
-    scores, per_set, rows, selections = [], [], [], {m: [] for m in selectors}
-    posterior_weighted = []
-    for set_idx, test_set in enumerate(test_sets):
-        gens = [selected[ex.uid] for ex in test_set]
-        result = task.score([g.text for g in gens], test_set)
-        scores.append(result.value)
-        for m in selectors:
-            texts = [populations[ex.uid].generations[chosen[m][ex.uid]].text for ex in test_set]
-            selections[m].append(task.score(texts, test_set).value)
-        pw = float("nan")
-        if draws:
-            sampled = posterior_draws(
-                [populations[ex.uid] for ex in test_set], draws, cfg.seed + set_idx
-            )
-            pw = sum(task.score([g.text for g in d], test_set).value for d in sampled) / draws
-        posterior_weighted.append(pw)
-        per_set.append(
-            {
-                "value": result.value,
-                "size": len(test_set),
-                "validity": sum(is_valid(task, g) for g in gens) / len(gens),
-                "truncated": sum(g.truncated for g in gens) / len(gens),
-                "task_validity": result.validity,
-                "posterior_weighted": pw,
-                "details": result.details,
-                **(reward_means(rewards, test_set) if rewards is not None else {}),
-            }
-        )
-        for ex, gen, item in zip(test_set, gens, result.per_example):
-            rows.append(
-                _prediction_row(
-                    set_idx,
-                    ex,
-                    gen,
-                    item,
-                    is_valid(task, gen),
-                    populations[ex.uid],
-                    chosen[method][ex.uid],
-                    {m: chosen[m][ex.uid] for m in selectors},
-                ) | reward_fields(rewards, ex.uid)
-            )
-
+    scores, per_set, rows = score_test_sets(task, test_sets, selected, rewards, picks.set_fields,
+                                            picks.row_fields)
     unique = list(selected.values())
-    pops = list(populations.values())
-    n_unique = max(len(unique), 1)
-    diagnostics = {
-        "mean_ess": sum(ess(p.log_weights) for p in pops) / max(len(pops), 1),
-        "min_ess_during": _mean([min(p.ess_trace) for p in pops if p.ess_trace]),
-        "complete_selected": sum(g.finished for g in unique) / n_unique,
-        "weights_vanished": sum(normalized_weights(p.log_weights) is None for p in pops)
-        / max(len(pops), 1),
-        "posterior_weighted": mean_std(posterior_weighted)[0],
-        "posterior_weighted_scores": posterior_weighted,
-        "resamples_per_prompt": sum(p.resamples for p in pops) / max(len(pops), 1),
-        "complete_particles": sum(g.finished for p in pops for g in p.generations)
-        / max(sum(len(p.generations) for p in pops), 1),
-        "distinct_outputs_per_prompt": _mean([len({g.text for g in p.generations}) for p in pops]),
-    }
-    extra: dict[str, Any] = {}
-    if greedy is not None:
-        extra = {
-            "cost": seconds / greedy["seconds"] if greedy["seconds"] > 0 else None,
-            "cost_generation": (seconds - potential_seconds) / greedy["seconds"]
-            if greedy["seconds"] > 0
-            else None,
-            "cost_tokens": (search_tokens + potential_tokens) / max(greedy["forward_tokens"], 1),
-            "cost_tokens_generation": search_tokens / max(greedy["forward_tokens"], 1),
-            "greedy_baseline": greedy,
-        }
     results = build_results(
         task=task.name,
         model=cfg.model.name,
         decoding=method,
         metric=task.metric_name,
         scores=scores,
-        validity=sum(is_valid(task, g) for g in unique) / n_unique,
-        truncated=sum(g.truncated for g in unique) / n_unique,
-        examples_per_second=len(unique) / seconds if seconds > 0 else float("nan"),
         config=cfg,
+        **output_summary(task, unique, seconds),
         method=method,
         particles=int(s.particles),
         potential=potential_name,
         ess_threshold=float(s.ess_threshold) if method == "smc" else 0.0,
         temperature=float(s.temperature),
         adapter=adapter_name(cfg.eval.adapter),
-        **extra,
-        diagnostics=diagnostics,
-        selections={m: {"scores": v, "mean": mean_std(v)[0]} for m, v in selections.items()},
-        seconds_per_example=seconds / n_unique,
-        decode_seconds=seconds,
+        **_costs(seconds, potential_seconds, search_tokens, potential_tokens, greedy),
+        diagnostics=_diagnostics(list(populations.values()), unique, picks.posterior_weighted),
+        selections={m: {"scores": v, "mean": mean_std(v)[0]} for m, v in picks.scores.items()},
         potential_seconds=potential_seconds,
         forward_tokens=search_tokens,
         potential_forward_tokens=potential_tokens,
-        num_test_sets=len(test_sets),
-        test_size=len(test_sets[0]) if test_sets else 0,
-        num_examples=len(all_examples),
-        num_unique_examples=len(unique),
+        **sets_summary(cfg, test_sets, len(unique)),
         batch_size=int(s.batch_size),
-        max_new_tokens=cfg.task.max_new_tokens,
-        seed=cfg.seed,
         device=str(decoder.device),
-        mean_output_tokens=sum(g.num_tokens for g in unique) / n_unique,
         per_set=per_set,
     )
-    path = write_results(out, results, rows, name=name)
-    results["path"] = str(path)
-    log.info("wrote %s", path)
-    return results
+    return save_results(out, results, rows, name)
+
+
+class _Selections:
+    """Each output picked from the particles: the method's own selection, plus the paired one on
+    the same particles (rerank <-> is); per test set, every selection's metric and the
+    posterior-weighted metric (`posterior_draws` draws)."""
+
+    def __init__(self, task: Task, populations: dict[str, ParticleSet], method: str,
+                 draws: int, seed: int):
+        self.task, self.populations, self.method = task, populations, method
+        self.draws, self.seed = draws, seed
+        methods = ["rerank", "is"] if method in ("rerank", "is") else [method]
+        self.chosen = {m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()}
+                       for m in methods}
+        self.scores: dict[str, list[float]] = {m: [] for m in methods}
+        self.posterior_weighted: list[float] = []
+
+    def selected(self) -> dict[str, Generation]:
+        return {uid: self.populations[uid].generations[i]
+                for uid, i in self.chosen[self.method].items()}
+
+    def set_fields(self, set_idx: int, test_set: list[Example]) -> dict[str, Any]:
+        for m, chosen in self.chosen.items():
+            texts = [self.populations[ex.uid].generations[chosen[ex.uid]].text for ex in test_set]
+            self.scores[m].append(self.task.score(texts, test_set).value)
+        pw = float("nan")
+        if self.draws:
+            sampled = posterior_draws([self.populations[ex.uid] for ex in test_set], self.draws,
+                                      self.seed + set_idx)
+            pw = sum(self.task.score([g.text for g in d], test_set).value
+                     for d in sampled) / self.draws
+        self.posterior_weighted.append(pw)
+        return {"posterior_weighted": pw}
+
+    def row_fields(self, set_idx: int, ex: Example, gen: Generation) -> dict[str, Any]:
+        return _particle_fields(gen, self.populations[ex.uid], self.chosen[self.method][ex.uid],
+                                {m: chosen[ex.uid] for m, chosen in self.chosen.items()})
+
+
+def _greedy_baseline(decoder: ConstrainedDecoder, tokenizer: Any, task: Task,
+                     test_sets: list[list[Example]], batch_size: int, progress: bool
+                     ) -> dict[str, Any]:
+    """Greedy decoding of the same examples with the same decoder: the cost reference."""
+    tokens0, started = decoder.forward_tokens, time.perf_counter()
+    examples = [ex for test_set in test_sets for ex in test_set]
+    outputs = decode_examples(decoder, tokenizer, task, examples, "greedy", 0, batch_size, progress)
+    return {
+        "seconds": time.perf_counter() - started,
+        "forward_tokens": decoder.forward_tokens - tokens0,
+        "scores": [task.score([outputs[ex.uid].text for ex in ts], ts).value for ts in test_sets],
+    }
+
+
+def _costs(seconds: float, potential_seconds: float, search_tokens: int, potential_tokens: int,
+           greedy: dict[str, Any] | None) -> dict[str, Any]:
+    """Wall-time and forward-token ratios against the greedy pass ({} without one)."""
+    if greedy is None:
+        return {}
+    timed = greedy["seconds"] > 0
+    return {
+        "cost": seconds / greedy["seconds"] if timed else None,
+        "cost_generation": (seconds - potential_seconds) / greedy["seconds"] if timed else None,
+        "cost_tokens": (search_tokens + potential_tokens) / max(greedy["forward_tokens"], 1),
+        "cost_tokens_generation": search_tokens / max(greedy["forward_tokens"], 1),
+        "greedy_baseline": greedy,
+    }
+
+
+def _diagnostics(pops: list[ParticleSet], selected: list[Generation],
+                 posterior_weighted: list[float]) -> dict[str, Any]:
+    """Particle statistics: ESS, completeness, vanished weights, resampling, diversity."""
+    count = max(len(pops), 1)
+    return {
+        "mean_ess": sum(ess(p.log_weights) for p in pops) / count,
+        "min_ess_during": _mean([min(p.ess_trace) for p in pops if p.ess_trace]),
+        "complete_selected": sum(g.finished for g in selected) / max(len(selected), 1),
+        "weights_vanished": sum(normalized_weights(p.log_weights) is None for p in pops) / count,
+        "posterior_weighted": mean_std(posterior_weighted)[0],
+        "posterior_weighted_scores": posterior_weighted,
+        "resamples_per_prompt": sum(p.resamples for p in pops) / count,
+        "complete_particles": sum(g.finished for p in pops for g in p.generations)
+        / max(sum(len(p.generations) for p in pops), 1),
+        "distinct_outputs_per_prompt": _mean([len({g.text for g in p.generations}) for p in pops]),
+    }
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _prediction_row(
-    set_idx,
-    ex,
-    gen: Generation,
-    item,
-    valid: bool,
-    ps: ParticleSet,
-    index: int,
-    picks: dict[str, int],
-) -> dict[str, Any]:
+def _particle_fields(gen: Generation, ps: ParticleSet, index: int, picks: dict[str, int]
+                     ) -> dict[str, Any]:
+    """A predictions row's search fields: the selection, its posterior weight, the particles."""
     weights = normalized_weights(ps.log_weights)
     return {
-        "set": set_idx,
-        "uid": ex.uid,
-        "input": ex.input,
-        "gold": ex.target,
-        "prediction": gen.text,
-        "valid": valid,
-        "finished": gen.finished,
-        "truncated": gen.truncated,
-        "num_tokens": gen.num_tokens,
-        "logp_constrained": gen.sum_logp_constrained,
-        "logp_unconstrained": gen.sum_logp_unconstrained,
-        "scores": item,
         "selected": index,
         "selections": {m: ps.generations[i].text for m, i in picks.items()},
         "posterior_weight": sum(
