@@ -96,3 +96,25 @@ def reorder_suffix(cache: DynamicCache, index: torch.Tensor, columns: int) -> bo
         layer.keys[:, :, -columns:] = layer.keys[:, :, -columns:].index_select(0, index)
         layer.values[:, :, -columns:] = layer.values[:, :, -columns:].index_select(0, index)
     return True
+
+
+def plan_cache_update(old_prompts: list[int], new_prompts: list[int], sources: list[int],
+                      trim: int) -> str:
+    """How the batched cache must change between steps, given each slot's prompt before and
+    after and the slot each new row continues (`sources`):
+
+    - "keep": every row continues from its own slot;
+    - "suffix": only the generated columns move (`reorder_suffix`). Valid only when every slot
+      keeps a row of the same prompt, so its prompt KV and padding stay right: beams re-ranked
+      within their prompts;
+    - "rows": whole rows are gathered (`select_rows`), for any other change.
+
+    (`trim`: left-padding columns dropped, copied rows only. With the shared prompt KV of
+    cascade decoding, "suffix" and "rows" both gather the rows' generated KV; each row reads
+    the prompt KV of the prompt it belongs to.)
+    """
+    if sources == list(range(len(old_prompts))):
+        return "keep"
+    if not trim and old_prompts == new_prompts:
+        return "suffix"
+    return "rows"

@@ -23,7 +23,9 @@ constrained one (renormalised over the allowed set) and the log of the allowed m
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,14 @@ import torch
 from transformers import DynamicCache
 
 from grammarrl.chat import end_of_turn_id
-from grammarrl.decoding.cache import CopiedPromptCache, layer_tensors, reorder_suffix, select_rows
+from grammarrl.decoding.beam import BeamGroup, insort, rank
+from grammarrl.decoding.cache import (
+    CopiedPromptCache,
+    layer_tensors,
+    plan_cache_update,
+    reorder_suffix,
+    select_rows,
+)
 from grammarrl.decoding.cascade import (
     CACHE_KWARG,
     SharedPromptCache,
@@ -40,72 +49,27 @@ from grammarrl.decoding.cascade import (
     supports_cascade,
 )
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
+from grammarrl.decoding.rows import (
+    BEAM,
+    DEAD,
+    ERROR,
+    FINISHED,
+    GREEDY,
+    KIND_NAMES,
+    LIVE,
+    NEG_INF,
+    SAMPLE,
+    TRUNCATED,
+    Row,
+    StepDistribution,
+    dead_end_reason,
+    normalise_prompts,
+    sample_tokens,
+)
 from grammarrl.decoding.types import BeamResult, Generation
 from grammarrl.models import output_kv_cache, with_kv_cache
 
 log = logging.getLogger(__name__)
-
-GREEDY, SAMPLE, BEAM = 0, 1, 2
-_KIND_NAMES = {GREEDY: "greedy", SAMPLE: "sample", BEAM: "beam"}
-NEG_INF = float("-inf")
-
-
-class _Row:
-    """A live row: one partial output with its matcher and its place in the KV cache."""
-
-    __slots__ = (
-        "index",
-        "kind",
-        "lc",
-        "lm",
-        "lu",
-        "matcher",
-        "plen",
-        "prompt",
-        "score",
-        "tokens",
-    )
-
-    def __init__(self, prompt: int, kind: int, index: int, matcher: Any, plen: int):
-        self.prompt = prompt
-        self.kind = kind
-        self.index = index  # sample number within the prompt
-        self.matcher = matcher
-        self.tokens: list[int] = []
-        self.lu: list[float] = []
-        self.lc: list[float] = []
-        self.lm: list[float] = []
-        self.score = 0.0  # sum of constrained log-probs (the beam score)
-        self.plen = plen  # prompt length: position id of the first generated token
-
-    def child(self, matcher: Any) -> _Row:
-        row = _Row(self.prompt, self.kind, self.index, matcher, self.plen)
-        row.tokens = list(self.tokens)
-        row.lu, row.lc, row.lm = list(self.lu), list(self.lc), list(self.lm)
-        row.score = self.score
-        return row
-
-    def push(self, token: int, lu: float, lc: float, lm: float) -> None:
-        self.tokens.append(token)
-        self.lu.append(lu)
-        self.lc.append(lc)
-        self.lm.append(lm)
-        self.score += lc
-
-
-class _BeamGroup:
-    __slots__ = ("finished", "length_penalty", "prompt", "result", "width")
-
-    def __init__(self, prompt: int, width: int, length_penalty: float):
-        self.prompt = prompt
-        self.width = width
-        self.length_penalty = length_penalty
-        self.finished: list[Generation] = []  # kept sorted by beam_score, best first
-        self.result: BeamResult | None = None
-
-    def score(self, sum_logp: float, length: int) -> float:
-        """A hypothesis' rank: summed constrained log-prob / length**length_penalty."""
-        return sum_logp / length**self.length_penalty if self.length_penalty else sum_logp
 
 
 @dataclass
@@ -225,21 +189,24 @@ class ConstrainedDecoder:
             raise ValueError("num_samples and beam_width must be >= 0")
         if num_samples and not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        prompts = [list(map(int, p)) for p in prompts]
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt")
+        prompts = normalise_prompts(prompts)
         if not prompts:
             return []
-        model = self.model
-        was_training = model.training
-        model.eval()
+        with self.inference():
+            return self._loop(prompts, greedy, num_samples, beam_width, temperature, generator,
+                              length_penalty)
+
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        """One decoding call: the model in eval and inference mode, its mode restored after."""
+        was_training = self.model.training
+        self.model.eval()
         try:
             with torch.inference_mode():
-                return self._loop(prompts, greedy, num_samples, beam_width, temperature,
-                                  generator, length_penalty)
+                yield
         finally:
             if was_training:
-                model.train()
+                self.model.train()
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False, **kwargs):
         if last_only:
@@ -291,135 +258,154 @@ class ConstrainedDecoder:
         return shared, layer_tensors(cache)
 
     def _loop(self, prompts, greedy, num_samples, beam_width, temperature, generator,
-              length_penalty):
-        device = self.device
-        stop = self.stop_token_id
-        max_new = self.max_new_tokens
-        grammar = self.grammar
-
-        # Rows of each prompt (greedy, samples, beam), consecutive; `_start` prefills the prompts.
-        rows: list[_Row] = []
-        groups: dict[int, _BeamGroup] = {}
-        per_prompt_kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples
-        per_prompt_kinds += [BEAM] if beam_width else []
-        for p, prompt in enumerate(prompts):
-            for j, kind in enumerate(per_prompt_kinds):
-                rows.append(_Row(p, kind, j - int(greedy), grammar.matcher(), len(prompt)))
-            if beam_width:
-                groups[p] = _BeamGroup(p, beam_width, length_penalty)
-        logits, kv = self._start(prompts, len(per_prompt_kinds))
-
-        if self._masks is None or self._masks.width != logits.shape[1]:
-            self._masks = MaskComputer(grammar, logits.shape[1], device)
-        masks = self._masks
-        vocab = logits.shape[1]
-
+              length_penalty) -> list[_Outputs]:
+        """Prefill, then step until every row has ended: mask, choose each row's next token(s)
+        by its rule, let the rows take them, reorder the cache for the survivors."""
+        rows, groups = self._initial_rows(prompts, greedy, num_samples, beam_width,
+                                          length_penalty)
+        logits, kv = self.start(prompts, len(rows) // len(prompts))
         outputs = [_Outputs([], [None] * num_samples, None) for _ in prompts]
         while rows:
-            allowed = masks.allowed([r.matcher for r in rows])
-            lse_all = torch.logsumexp(logits, dim=-1)
-            masked = torch.where(allowed, logits, NEG_INF)
-            lse_allowed = torch.logsumexp(masked, dim=-1)
-            lse_safe = torch.where(lse_allowed.isfinite(), lse_allowed, 0.0)  # dead rows
-
-            greedy_idx = [i for i, r in enumerate(rows) if r.kind == GREEDY]
-            sample_idx = [i for i, r in enumerate(rows) if r.kind == SAMPLE]
-            src_parts, tok_parts, value_parts = [], [], []
-            if greedy_idx:
-                index = torch.tensor(greedy_idx, device=device)
-                src_parts.append(index)
-                tok_parts.append(masked.index_select(0, index).argmax(dim=-1))
-            if sample_idx:
-                index = torch.tensor(sample_idx, device=device)
-                src_parts.append(index)
-                sub = masked.index_select(0, index)
-                if temperature == 1.0:
-                    log_norm = lse_safe.index_select(0, index)
-                else:
-                    sub = sub / temperature
-                    log_norm = torch.logsumexp(sub, dim=-1)
-                    log_norm = torch.where(log_norm.isfinite(), log_norm, 0.0)
-                tok_parts.append(_sample(sub, log_norm, generator))
-            beam_rows: dict[int, list[int]] = {}
-            for i, r in enumerate(rows):
-                if r.kind == BEAM:
-                    beam_rows.setdefault(r.prompt, []).append(i)
-            if beam_rows:
-                order = list(beam_rows)
-                slots = max(len(v) for v in beam_rows.values())
-                grid = [beam_rows[p] + [-1] * (slots - len(beam_rows[p])) for p in order]
-                grid_t = torch.tensor(grid, device=device)
-                safe = grid_t.clamp(min=0)
-                scores = torch.tensor(
-                    [[rows[i].score if i >= 0 else NEG_INF for i in g] for g in grid],
-                    device=device,
-                    dtype=torch.float32,
-                )
-                logp_c = masked[safe] - lse_safe[safe].unsqueeze(-1)  # [G, slots, V]
-                cand = (scores.unsqueeze(-1) + logp_c).view(len(order), -1)
-                k = min(2 * beam_width, cand.shape[1])
-                values, flat = cand.topk(k, dim=-1)
-                slot = torch.div(flat, vocab, rounding_mode="floor")
-                src_parts.append(safe.gather(1, slot).view(-1))
-                tok_parts.append((flat % vocab).view(-1))
-                value_parts.append(values.view(-1))
-
-            src = torch.cat(src_parts)
-            tok = torch.cat(tok_parts)
-            chosen = logits[src, tok]
-            lu = chosen - lse_all[src]
-            lc = chosen - lse_allowed[src]
-            lm = lse_allowed[src] - lse_all[src]
-            columns = [src.double(), tok.double(), lu.double(), lc.double(), lm.double()]
-            if value_parts:
-                vals = torch.cat(value_parts).double()
-                none = torch.full((len(greedy_idx) + len(sample_idx),), NEG_INF, device=device)
-                columns.append(torch.cat([none.double(), vals]))
-            table = torch.stack(columns, dim=1).tolist()  # the one host sync of the step
-
-            new_rows: list[_Row] = []
-            new_src: list[int] = []
-            n_plain = len(greedy_idx) + len(sample_idx)
-            for entry in table[:n_plain]:
-                i, t = int(entry[0]), int(entry[1])
-                row = rows[i]
-                if entry[4] == NEG_INF or (t == stop and not row.matcher.is_accepting()):
-                    # The grammar is at a dead end: nothing allowed, or only the end token
-                    # (llguidance's stop) where the output is not accepted.
-                    self._emit(outputs, row, finished=False, truncated=False, error=_dead(row))
-                    continue
-                row.push(t, entry[2], entry[3], entry[4])
-                if t == stop:
-                    self._emit(outputs, row, finished=True, truncated=False)
-                elif not row.matcher.consume_token(t):
-                    self._emit(outputs, row, False, False, error=row.matcher.get_error())
-                elif len(row.tokens) >= max_new and not grammar_complete(row.matcher):
-                    self._emit(outputs, row, finished=False, truncated=True)
-                else:
-                    new_rows.append(row)
-                    new_src.append(i)
-
-            if beam_rows:
-                per_group = len(table[n_plain:]) // len(order)
-                for g_idx, p in enumerate(order):
-                    entries = table[n_plain + g_idx * per_group : n_plain + (g_idx + 1) * per_group]
-                    self._beam_step(
-                        outputs, groups, p, entries, rows, new_rows, new_src, stop, max_new
-                    )
-
+            dist = self.distribution(logits, [r.matcher for r in rows])
+            table, n_plain, beam_prompts = self._choose(dist, rows, temperature, generator,
+                                                        beam_width)
+            new_rows, new_src = self._continue_plain(outputs, rows, table[:n_plain])
+            per_group = (len(table) - n_plain) // max(len(beam_prompts), 1)
+            for g, p in enumerate(beam_prompts):
+                entries = table[n_plain + g * per_group : n_plain + (g + 1) * per_group]
+                self._beam_step(outputs, groups[p], entries, rows, new_rows, new_src)
             if not new_rows:
                 break
-            self._reorder(kv, [r.prompt for r in rows], [r.prompt for r in new_rows], new_src,
-                          len(new_rows[0].tokens) - 1)
+            logits = self.advance(kv, rows, new_rows, new_src)
             rows = new_rows
-            logits = self._step(kv, rows)
-
         for group in groups.values():  # groups whose rows all died without a result
             if group.result is None:
                 self._close_group(outputs, group, [])
         return outputs
 
-    def _start(self, prompts: list[list[int]], rows_per_prompt: int
+    def _initial_rows(self, prompts, greedy, num_samples, beam_width, length_penalty
+                      ) -> tuple[list[Row], dict[int, BeamGroup]]:
+        """The rows of each prompt, consecutive (greedy, samples, beam), and its beam group."""
+        rows: list[Row] = []
+        groups: dict[int, BeamGroup] = {}
+        kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples + [BEAM] * bool(beam_width)
+        for p, prompt in enumerate(prompts):
+            for j, kind in enumerate(kinds):
+                rows.append(Row(p, kind, j - int(greedy), self.grammar.matcher(), len(prompt)))
+            if beam_width:
+                groups[p] = BeamGroup(p, beam_width, length_penalty)
+        return rows, groups
+
+    def _choose(self, dist: StepDistribution, rows: list[Row], temperature: float,
+                generator: torch.Generator | None, beam_width: int
+                ) -> tuple[list[list[float]], int, list[int]]:
+        """Each row's next token by its rule: the step's one host-side table, a line per
+        chosen (row, token): [row index, token, logp_unconstrained, logp_constrained,
+        log_allowed_mass(, beam score)]. Greedy then sample rows first (one line each; their
+        count is returned), then per beam group its 2·B best extensions (the groups' prompts
+        are returned, in table order)."""
+        device = self.device
+        greedy_idx = [i for i, r in enumerate(rows) if r.kind == GREEDY]
+        sample_idx = [i for i, r in enumerate(rows) if r.kind == SAMPLE]
+        sources, tokens, values = [], [], []
+        if greedy_idx:
+            index = torch.tensor(greedy_idx, device=device)
+            sources.append(index)
+            tokens.append(dist.masked.index_select(0, index).argmax(dim=-1))
+        if sample_idx:
+            index = torch.tensor(sample_idx, device=device)
+            sources.append(index)
+            tokens.append(sample_tokens(*dist.proposal(temperature, index), generator))
+        beam = self._beam_candidates(dist, rows, beam_width)
+        if beam is not None:
+            sources.append(beam[0])
+            tokens.append(beam[1])
+            values.append(beam[2])
+        src, tok = torch.cat(sources), torch.cat(tokens)  # [K], [K]
+        columns = [src, tok, *dist.token_logps(src, tok)]
+        if values:
+            plain = torch.full((len(greedy_idx) + len(sample_idx),), NEG_INF, device=device)
+            columns.append(torch.cat([plain, *values]))
+        table = torch.stack([c.double() for c in columns], dim=1).tolist()  # the one host sync
+        return table, len(greedy_idx) + len(sample_idx), beam[3] if beam is not None else []
+
+    def _beam_candidates(self, dist: StepDistribution, rows: list[Row], beam_width: int):
+        """Per beam group (prompt), its 2·B best (beam, token) extensions by summed
+        constrained log-prob: rows [G·k], tokens [G·k], scores [G·k] and the groups' prompts;
+        None without beam rows."""
+        by_prompt: dict[int, list[int]] = {}
+        for i, r in enumerate(rows):
+            if r.kind == BEAM:
+                by_prompt.setdefault(r.prompt, []).append(i)
+        if not by_prompt:
+            return None
+        device, vocab = self.device, dist.logits.shape[1]
+        order = list(by_prompt)
+        slots = max(len(v) for v in by_prompt.values())
+        grid = [by_prompt[p] + [-1] * (slots - len(by_prompt[p])) for p in order]
+        safe = torch.tensor(grid, device=device).clamp(min=0)  # [G, slots] row index
+        scores = torch.tensor([[rows[i].score if i >= 0 else NEG_INF for i in g] for g in grid],
+                              device=device, dtype=torch.float32)  # [G, slots]
+        logp_c = dist.masked[safe] - dist.lse_safe[safe].unsqueeze(-1)  # [G, slots, V]
+        cand = (scores.unsqueeze(-1) + logp_c).view(len(order), -1)  # [G, slots·V]
+        values, flat = cand.topk(min(2 * beam_width, cand.shape[1]), dim=-1)  # [G, k]
+        slot = torch.div(flat, vocab, rounding_mode="floor")  # [G, k]
+        return (safe.gather(1, slot).view(-1), (flat % vocab).view(-1), values.view(-1), order)
+
+    def _continue_plain(self, outputs, rows: list[Row], entries: list[list[float]]
+                        ) -> tuple[list[Row], list[int]]:
+        """Greedy and sample rows take their tokens; the ended ones are emitted. Returns the
+        live rows and, for each, the index of the row (cache slot) it continues."""
+        new_rows: list[Row] = []
+        new_src: list[int] = []
+        for entry in entries:
+            i = int(entry[0])
+            row = rows[i]
+            outcome, error = self.take(row, int(entry[1]), entry[2], entry[3], entry[4])
+            if outcome == LIVE:
+                new_rows.append(row)
+                new_src.append(i)
+            else:
+                self._emit(outputs, row, finished=outcome == FINISHED,
+                           truncated=outcome == TRUNCATED, error=error)
+        return new_rows, new_src
+
+    # ------------------------------------------------------------------ the step interface
+    # (the loop above and SMC, grammarrl/decoding/smc.py, drive decoding through these)
+
+    def distribution(self, logits: torch.Tensor, matchers: list[Any]) -> StepDistribution:
+        """The rows' next-token distributions [R, V] under their matchers' grammar masks."""
+        if self._masks is None or self._masks.width != logits.shape[1]:
+            self._masks = MaskComputer(self.grammar, logits.shape[1], self.device)
+        return StepDistribution.of(logits, self._masks.allowed(matchers))  # mask [R, V] bool
+
+    def take(self, row: Row, token: int, logp_unconstrained: float, logp_constrained: float,
+             log_allowed_mass: float) -> tuple[str, str | None]:
+        """`row` takes `token` and its matcher advances. Returns (outcome, error): DEAD (a
+        dead end: nothing allowed, or only an unaccepted end token; the token is not taken),
+        FINISHED (the end token), ERROR (the matcher refused it), TRUNCATED (max_new_tokens
+        reached and the grammar not complete), or LIVE."""
+        if log_allowed_mass == NEG_INF or (
+                token == self.stop_token_id and not row.matcher.is_accepting()):
+            return DEAD, dead_end_reason(row)
+        row.push(token, logp_unconstrained, logp_constrained, log_allowed_mass)
+        if token == self.stop_token_id:
+            return FINISHED, None
+        if not row.matcher.consume_token(token):
+            return ERROR, row.matcher.get_error()
+        if len(row.tokens) >= self.max_new_tokens and not grammar_complete(row.matcher):
+            return TRUNCATED, None
+        return LIVE, None
+
+    def advance(self, kv, rows: list[Row], new_rows: list[Row], sources: list[int]
+                ) -> torch.Tensor:
+        """The next step: new row i continues `rows[sources[i]]` (rows dropped, reordered or
+        forked); the cache follows, then one decode step. The new rows' logits [R', V]."""
+        self._reorder(kv, [r.prompt for r in rows], [r.prompt for r in new_rows], sources,
+                      len(new_rows[0].tokens) - 1)
+        return self._step(kv, new_rows)
+
+    def start(self, prompts: list[list[int]], rows_per_prompt: int
                ) -> tuple[torch.Tensor, SharedPromptCache | CopiedPromptCache]:
         """Prefill the prompts: the first logits of every row (rows of a prompt consecutive,
         `rows_per_prompt` each) and the batch's KV cache. With prefix sharing each prompt is run
@@ -474,7 +460,7 @@ class ConstrainedDecoder:
             select_rows(kv.cache, index, trim)
         kv.pads = [kv.pads[s] - trim for s in sources]
 
-    def _step(self, kv, rows: list[_Row]) -> torch.Tensor:
+    def _step(self, kv, rows: list[Row]) -> torch.Tensor:
         """One decode step of `rows` (each feeds its last token): next-token logits."""
         device = self.device
         input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
@@ -487,22 +473,24 @@ class ConstrainedDecoder:
                                          kv.cache)
         return logits
 
-    def _beam_step(self, outputs, groups, p, entries, rows, new_rows, new_src, stop, max_new):
-        group = groups[p]
-        width = group.width
-        extensions = []  # (parent batch index, token, lu, lc, lm, score), best first
-        for rank, entry in enumerate(entries):
-            i, t, lu, lc, lm, value = entry
+    def _beam_step(self, outputs, group: BeamGroup, entries: list[list[float]], rows: list[Row],
+                   new_rows: list[Row], new_src: list[int]) -> None:
+        """One prompt's beam: end-token candidates among the best B become finished hypotheses;
+        the B best other extensions fork their parents' rows (appended to `new_rows`)."""
+        stop, max_new, width = self.stop_token_id, self.max_new_tokens, group.width
+        extensions = []  # (parent row index, token, logp_u, logp_c, mass, score), best first
+        for position, entry in enumerate(entries):
+            i, t, logp_u, logp_c, mass, value = entry
             if value == NEG_INF:
                 break
             i, t = int(i), int(t)
             if t == stop:
-                if rank < width and rows[i].matcher.is_accepting():  # else a dead end: dropped
+                if position < width and rows[i].matcher.is_accepting():  # else a dead end: dropped
                     hyp = rows[i].child(None)
-                    hyp.push(t, lu, lc, lm)
-                    _insort(group, self._generation(hyp, True, False))
+                    hyp.push(t, logp_u, logp_c, mass)
+                    insort(group, self.generation(hyp, True, False))
                 continue
-            extensions.append((i, t, lu, lc, lm, value))
+            extensions.append((i, t, logp_u, logp_c, mass, value))
             if len(extensions) == width:
                 break
         finished = group.finished
@@ -510,7 +498,7 @@ class ConstrainedDecoder:
         # best live score at its current length).
         if not extensions or len(finished) >= width and group.score(
             extensions[0][5], len(rows[extensions[0][0]].tokens) + 1
-        ) <= _rank(group, finished[width - 1]):
+        ) <= rank(group, finished[width - 1]):
             self._close_group(outputs, group, [])
             return
         # Fork matchers: every child but the last of a parent gets a deep copy, taken before
@@ -519,12 +507,12 @@ class ConstrainedDecoder:
         for ext in extensions:
             children_left[ext[0]] = children_left.get(ext[0], 0) + 1
         children = []
-        for i, t, lu, lc, lm, _ in extensions:
+        for i, t, logp_u, logp_c, mass, _ in extensions:
             parent = rows[i]
             children_left[i] -= 1
             matcher = parent.matcher if children_left[i] == 0 else parent.matcher.deep_copy()
             child = parent.child(matcher)
-            child.push(t, lu, lc, lm)
+            child.push(t, logp_u, logp_c, mass)
             children.append((i, child))
         live = []
         for i, child in children:
@@ -545,98 +533,40 @@ class ConstrainedDecoder:
             new_rows.append(child)
             new_src.append(i)
 
-    def _close_group(self, outputs, group: _BeamGroup, truncated: list[_Row]) -> None:
+    def _close_group(self, outputs, group: BeamGroup, truncated: list[Row]) -> None:
         if group.result is not None:
             return
         if group.finished:
             top = group.finished[0]
         elif truncated:
             best = max(truncated, key=lambda r: r.score)
-            top = self._generation(best, finished=False, truncated=True)
+            top = self.generation(best, finished=False, truncated=True)
         else:
             top = Generation([], "", [], [], [], False, False, "beam", error="no beam survived")
         group.result = BeamResult(top=top, finished=list(group.finished))
         outputs[group.prompt].beam = group.result
 
-    def _generation(self, row: _Row, finished: bool, truncated: bool, error=None) -> Generation:
+    def generation(self, row: Row, finished: bool, truncated: bool, error=None) -> Generation:
+        """The output of an ended row (its text without the end token)."""
         body = row.tokens[:-1] if finished else row.tokens
         return Generation(
             token_ids=list(row.tokens),
             text=self.grammar.decode(body),
-            logp_unconstrained=list(row.lu),
-            logp_constrained=list(row.lc),
-            log_allowed_mass=list(row.lm),
+            logp_unconstrained=list(row.logp_unconstrained),
+            logp_constrained=list(row.logp_constrained),
+            log_allowed_mass=list(row.log_allowed_mass),
             finished=finished,
             truncated=truncated,
-            kind=_KIND_NAMES[row.kind],
+            kind=KIND_NAMES[row.kind],
             error=error,
         )
 
-    def _emit(self, outputs, row: _Row, finished: bool, truncated: bool, error=None) -> None:
+    def _emit(self, outputs, row: Row, finished: bool, truncated: bool, error=None) -> None:
         if error:
             log.warning("constrained decoding stopped early: %s", error)
-        gen = self._generation(row, finished, truncated, error)
+        gen = self.generation(row, finished, truncated, error)
         target = outputs[row.prompt]
         if row.kind == GREEDY:
             target.greedy.append(gen)
         else:
             target.samples[row.index] = gen
-
-
-def plan_cache_update(old_prompts: list[int], new_prompts: list[int], sources: list[int],
-                      trim: int) -> str:
-    """How the batched cache must change between steps, given each slot's prompt before and
-    after and the slot each new row continues (`sources`):
-
-    - "keep": every row continues from its own slot;
-    - "suffix": only the generated columns move (`reorder_suffix`). Valid only when every slot
-      keeps a row of the same prompt, so its prompt KV and padding stay right: beams re-ranked
-      within their prompts;
-    - "rows": whole rows are gathered (`select_rows`), for any other change.
-
-    (`trim`: left-padding columns dropped, copied rows only. With the shared prompt KV of
-    cascade decoding, "suffix" and "rows" both gather the rows' generated KV; each row reads
-    the prompt KV of the prompt it belongs to.)
-    """
-    if sources == list(range(len(old_prompts))):
-        return "keep"
-    if not trim and old_prompts == new_prompts:
-        return "suffix"
-    return "rows"
-
-
-def _rank(group: _BeamGroup, gen: Generation) -> float:
-    return group.score(gen.sum_logp_constrained, len(gen.token_ids))
-
-
-def _insort(group: _BeamGroup, gen: Generation) -> None:
-    """Insert into the group's finished list keeping best-first order (stable: earlier
-    hypotheses win ties)."""
-    finished, score = group.finished, _rank(group, gen)
-    pos = len(finished)
-    while pos > 0 and _rank(group, finished[pos - 1]) < score:
-        pos -= 1
-    finished.insert(pos, gen)
-
-
-def _dead(row: _Row) -> str:
-    """A one-line reason for a dead end (llguidance's message can span a state dump)."""
-    matcher = row.matcher
-    err = matcher.get_error().splitlines()[0] if matcher is not None and matcher.is_error() else ""
-    return err or f"the grammar allows no continuation after {len(row.tokens)} tokens (dead end)"
-
-
-def _sample(
-    logits: torch.Tensor, log_norm: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
-    """One token per row from exp(logits - log_norm) (disallowed tokens at -inf: probability 0),
-    by inverse CDF with one uniform per row drawn from `generator` on its own device, then
-    moved: reproducible on CPU and CUDA alike. The CDF is accumulated in float64; a zero-
-    probability token can never be drawn (its CDF step is empty)."""
-    cdf = torch.exp(logits - log_norm.unsqueeze(1)).double().cumsum(dim=-1)
-    gen_device = generator.device if generator is not None else torch.device("cpu")
-    u = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64, device=gen_device)
-    total = cdf[:, -1]
-    target = torch.minimum(u.to(logits.device) * total, torch.nextafter(total, total.new_zeros(())))
-    tok = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
-    return tok.clamp_max(logits.shape[1] - 1)  # rows with no allowed token: caller drops them

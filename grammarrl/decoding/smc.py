@@ -30,8 +30,18 @@ from typing import Protocol
 
 import torch
 
-from grammarrl.decoding.decoder import NEG_INF, SAMPLE, ConstrainedDecoder, _dead, _Row, _sample
-from grammarrl.decoding.grammar import MaskComputer, grammar_complete
+from grammarrl.decoding.decoder import ConstrainedDecoder
+from grammarrl.decoding.rows import (
+    DEAD,
+    ERROR,
+    FINISHED,
+    NEG_INF,
+    SAMPLE,
+    TRUNCATED,
+    Row,
+    normalise_prompts,
+    sample_tokens,
+)
 from grammarrl.decoding.types import Generation
 
 
@@ -76,7 +86,7 @@ class ParticleSet:
 class _Particle:
     __slots__ = ("done", "gen", "logw", "row", "twist")
 
-    def __init__(self, row: _Row | None, logw: float = 0.0, twist: float = 0.0):
+    def __init__(self, row: Row | None, logw: float = 0.0, twist: float = 0.0):
         self.row = row
         self.logw = logw
         self.twist = twist  # the log Phi currently included in logw
@@ -110,29 +120,12 @@ def smc(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if not 0.0 <= ess_threshold <= 1.0:
         raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold}")
-    prompts = [list(map(int, p)) for p in prompts]
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("empty prompt")
+    prompts = normalise_prompts(prompts)
     if not prompts:
         return []
-    model = decoder.model
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            return _Loop(
-                decoder,
-                prompts,
-                num_particles,
-                twist,
-                ess_threshold,
-                temperature,
-                generator,
-                resample_generator,
-            ).run()
-    finally:
-        if was_training:
-            model.train()
+    with decoder.inference():
+        return _Loop(decoder, prompts, num_particles, twist, ess_threshold, temperature,
+                     generator, resample_generator).run()
 
 
 class _Loop:
@@ -155,103 +148,31 @@ class _Loop:
         self.ess_trace: list[list[float]] = [[] for _ in prompts]
 
     def run(self) -> list[ParticleSet]:
+        """Extend every live particle by one sampled token per step; reweight, resample where
+        the ESS is too low, and continue the survivors' cache rows."""
         dec = self.decoder
-        device = dec.device
-        grammar = dec.grammar
-        stop, max_new, n = dec.stop_token_id, dec.max_new_tokens, self.n
-
-        self.population: list[list[_Particle]] = []
-        live: list[_Particle] = []
-        for p, prompt in enumerate(self.prompts):
-            group = [_Particle(_Row(p, SAMPLE, j, grammar.matcher(), len(prompt)))
-                     for j in range(n)]
-            self.population.append(group)
-            live.extend(group)
-        logits, kv = dec._start(self.prompts, n)
-        if dec._masks is None or dec._masks.width != logits.shape[1]:
-            dec._masks = MaskComputer(grammar, logits.shape[1], device)
-        masks = dec._masks
-
+        self.population: list[list[_Particle]] = [
+            [_Particle(Row(p, SAMPLE, j, dec.grammar.matcher(), len(prompt)))
+             for j in range(self.n)]
+            for p, prompt in enumerate(self.prompts)]
+        live = [pt for group in self.population for pt in group]
+        logits, kv = dec.start(self.prompts, self.n)
         while live:
-            allowed = masks.allowed([pt.row.matcher for pt in live])
-            lse_all = torch.logsumexp(logits, dim=-1)
-            masked = torch.where(allowed, logits, NEG_INF)
-            lse_allowed = torch.logsumexp(masked, dim=-1)
-            lse_safe = torch.where(lse_allowed.isfinite(), lse_allowed, 0.0)
-            if self.temperature == 1.0:
-                sub, log_norm = masked, lse_safe
-            else:
-                sub = masked / self.temperature
-                log_norm = torch.logsumexp(sub, dim=-1)
-                log_norm = torch.where(log_norm.isfinite(), log_norm, 0.0)
-            tok = _sample(sub, log_norm, self.generator)
-            ar = torch.arange(len(live), device=device)
-            chosen = logits[ar, tok]
-            lu = chosen - lse_all
-            lc = chosen - lse_allowed
-            lm = lse_allowed - lse_all
-            lq = sub[ar, tok] - log_norm  # log q(token): the proposal's own probability
-            table = torch.stack(
-                [tok.double(), lu.double(), lc.double(), lm.double(), lq.double()], dim=1
-            ).tolist()  # the one host sync of the step
-
-            completed: dict[int, list[_Particle]] = {}
-            for pt, (t, u, c, m, q) in zip(live, table):
-                row, t = pt.row, int(t)
-                if m == NEG_INF or (t == stop and not row.matcher.is_accepting()):
-                    # A dead end (nothing allowed, or only an unaccepted end): the particle dies.
-                    self._finish(pt, False, False, error=_dead(row), dead=True)
-                    continue
-                row.push(t, u, c, m)
-                # p/q of this token; at T = 1 exactly the recorded allowed mass.
-                pt.logw += m if self.temperature == 1.0 else u - q
-                if t == stop:
-                    self._finish(pt, True, False)
-                    completed.setdefault(row.prompt, []).append(pt)
-                elif not row.matcher.consume_token(t):
-                    self._finish(pt, False, False, error=row.matcher.get_error(), dead=True)
-                else:
-                    if self.on_prefix:
-                        self._retwist(pt, self.twist.prefix(row.prompt, grammar.decode(row.tokens)))
-                    if len(row.tokens) >= max_new and not grammar_complete(row.matcher):
-                        self._finish(pt, False, True)
+            completed = self._extend(live, dec.distribution(logits, [pt.row.matcher for pt in live]))
             if self.twist is not None and not self.defer:
                 for p, done in completed.items():
-                    values = self.twist.complete(p, [pt.gen.text for pt in done])
-                    for pt, value in zip(done, values):
-                        self._retwist(pt, value)
-
-            # Reweighted: record ESS, resample where it is too low; gather the live rows with
-            # the cache row each one continues (resampled copies fork their parent's row).
-            position = {id(pt): i for i, pt in enumerate(live)}
-            new_live: list[_Particle] = []
-            new_src: list[int] = []
-            for p, group in enumerate(self.population):
-                if all(pt.done for pt in group):
-                    continue
-                log_e = log_ess([pt.logw for pt in group])
-                self.ess_trace[p].append(math.exp(log_e) if log_e > NEG_INF else 0.0)
-                sources = {id(pt): position.get(id(pt)) for pt in group}
-                if self.threshold > 0 and NEG_INF < log_e < math.log(self.threshold * n):
-                    group, sources = self._resample(p, group, position)
-                for pt in group:
-                    if not pt.done:
-                        new_live.append(pt)
-                        new_src.append(sources[id(pt)])
+                    self._retwist_all(done, self.twist.complete(p, [pt.gen.text for pt in done]))
+            new_live, new_src = self._next_population(live)
             if not new_live:
                 break
-            dec._reorder(kv, [pt.row.prompt for pt in live], [pt.row.prompt for pt in new_live],
-                         new_src, len(new_live[0].row.tokens) - 1)
+            logits = dec.advance(kv, [pt.row for pt in live], [pt.row for pt in new_live],
+                                 new_src)
             live = new_live
-            logits = dec._step(kv, [pt.row for pt in live])
-
         if self.defer:
             for p, group in enumerate(self.population):
                 done = [pt for pt in group if pt.gen.finished and pt.logw != NEG_INF]
                 if done:
-                    values = self.twist.complete(p, [pt.gen.text for pt in done])
-                    for pt, value in zip(done, values):
-                        self._retwist(pt, value)
+                    self._retwist_all(done, self.twist.complete(p, [pt.gen.text for pt in done]))
         return [
             ParticleSet(
                 generations=[pt.gen for pt in group],
@@ -263,13 +184,66 @@ class _Loop:
             for p, group in enumerate(self.population)
         ]
 
+    def _extend(self, live: list[_Particle], dist) -> dict[int, list[_Particle]]:
+        """Each live particle draws its token from the proposal and takes it; its weight gains
+        log p/q (and the prefix twist's change). Returns the particles completed, by prompt."""
+        dec = self.decoder
+        sub, log_norm = dist.proposal(self.temperature)  # [R, V], [R]
+        tok = sample_tokens(sub, log_norm, self.generator)  # [R]
+        rows = torch.arange(len(live), device=dec.device)
+        lq = sub[rows, tok] - log_norm  # [R] log q(token): the proposal's own probability
+        columns = [tok, *dist.token_logps(rows, tok), lq]
+        table = torch.stack([c.double() for c in columns], dim=1).tolist()  # one host sync
+        completed: dict[int, list[_Particle]] = {}
+        for pt, (t, logp_u, logp_c, mass, logq) in zip(live, table):
+            outcome, error = dec.take(pt.row, int(t), logp_u, logp_c, mass)
+            if outcome in (DEAD, ERROR):  # a dead end or a refused token: the particle dies
+                self._finish(pt, False, False, error=error, dead=True)
+                continue
+            # p/q of this token; at T = 1 exactly the recorded allowed mass.
+            pt.logw += mass if self.temperature == 1.0 else logp_u - logq
+            if outcome == FINISHED:
+                self._finish(pt, True, False)
+                completed.setdefault(pt.row.prompt, []).append(pt)
+                continue
+            if self.on_prefix:
+                self._retwist(pt, self.twist.prefix(pt.row.prompt,
+                                                    dec.grammar.decode(pt.row.tokens)))
+            if outcome == TRUNCATED:
+                self._finish(pt, False, True)
+        return completed
+
+    def _next_population(self, live: list[_Particle]) -> tuple[list[_Particle], list[int]]:
+        """Record each prompt's ESS and resample where it is too low; the live particles with
+        the cache row each continues (resampled copies fork their parent's row)."""
+        position = {id(pt): i for i, pt in enumerate(live)}
+        new_live: list[_Particle] = []
+        new_src: list[int] = []
+        for p, group in enumerate(self.population):
+            if all(pt.done for pt in group):
+                continue
+            log_e = log_ess([pt.logw for pt in group])
+            self.ess_trace[p].append(math.exp(log_e) if log_e > NEG_INF else 0.0)
+            sources = {id(pt): position.get(id(pt)) for pt in group}
+            if self.threshold > 0 and NEG_INF < log_e < math.log(self.threshold * self.n):
+                group, sources = self._resample(p, group, position)
+            for pt in group:
+                if not pt.done:
+                    new_live.append(pt)
+                    new_src.append(sources[id(pt)])
+        return new_live, new_src
+
+    def _retwist_all(self, particles: list[_Particle], values: list[float]) -> None:
+        for pt, value in zip(particles, values):
+            self._retwist(pt, value)
+
     def _retwist(self, pt: _Particle, value: float) -> None:
         if pt.logw != NEG_INF:
             pt.logw = pt.logw + value - pt.twist if value != NEG_INF else NEG_INF
         pt.twist = value
 
     def _finish(self, pt, finished, truncated, error=None, dead=False) -> None:
-        pt.gen = self.decoder._generation(pt.row, finished, truncated, error)
+        pt.gen = self.decoder.generation(pt.row, finished, truncated, error)
         pt.done = True
         if dead:
             pt.logw = NEG_INF
