@@ -325,45 +325,67 @@ def validate(cfg: DictConfig) -> None:
 
     check_task_keys(cfg)  # a custom task: its spec file merged into cfg.task, then checked
     typed = {group: _typed(group, cfg[group]) for group in SCHEMAS}
+    _check_scalars(cfg)
+    _check_task_and_model(typed["task"], typed["model"])
+    _check_training(cfg, typed)
+    _check_evaluation(cfg.mode, typed["eval"], typed["search"])
+    logger = typed["logger"]
+    _check(logger.name in LOGGERS, "logger", logger.name, f"one of {', '.join(LOGGERS)}")
+    _check(logger.mode in LOGGER_MODES, "logger.mode", logger.mode,
+           f"one of {', '.join(LOGGER_MODES)}")
+    _check_devices(cfg)
+    resume_setting(cfg.train.resume)
 
+
+def _check_scalars(cfg: DictConfig) -> None:
     _check(cfg.mode in MODES, "mode", cfg.mode, f"one of {', '.join(MODES)}")
     lam = cfg["lambda"]
     _check(isinstance(lam, (int, float)) and 0.0 <= lam <= 1.0, "lambda", lam, "a number in [0, 1]")
     _check(isinstance(cfg.beta, (int, float)) and cfg.beta >= 0, "beta", cfg.beta, "a number >= 0")
     _check(isinstance(cfg.seed, int), "seed", cfg.seed, "an integer")
+    _check(isinstance(cfg.skip_completed, bool), "skip_completed", cfg.skip_completed,
+           "true or false")
+    _check(isinstance(cfg.overwrite, bool), "overwrite", cfg.overwrite, "true or false")
 
-    task, model = typed["task"], typed["model"]
+
+def _check_task_and_model(task: Any, model: Any) -> None:
     _check(model.source in MODEL_SOURCES, "model.source", model.source, f"one of {MODEL_SOURCES}")
     for key in ("train_size", "dev_size", "batch_size", "max_steps", "max_new_tokens"):
         _check(task[key] >= 1, f"task.{key}", task[key], "an integer >= 1")
     _check(task.num_fewshot >= 0, "task.num_fewshot", task.num_fewshot, "an integer >= 0")
 
+
+def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
+    """rollout, optim, trainer callbacks, lora and the reward's σ's."""
     rollout = typed["rollout"]
     _check(rollout.num_samples >= 1, "rollout.num_samples", rollout.num_samples, "N >= 1")
     _check(rollout.beam_width >= 1, "rollout.beam_width", rollout.beam_width, "B >= 1")
     _check(rollout.temperature > 0, "rollout.temperature", rollout.temperature, "a number > 0")
-
     optim = typed["optim"]
     _check(optim.lr > 0, "optim.lr", optim.lr, "a number > 0")
     _check(optim.batch_size >= 1, "optim.batch_size", optim.batch_size, "an integer >= 1")
     _check(optim.max_steps >= 1, "optim.max_steps", optim.max_steps, "an integer >= 1")
-
     for name, spec in typed["trainer"].callbacks.items():
         _check(isinstance(spec, Mapping) and "_target_" in spec, f"trainer.callbacks.{name}",
                spec, "a mapping with _target_ (the callback's class) and its arguments")
+    lora = typed["lora"]
+    _check(lora.r >= 1, "lora.r", lora.r, "an integer >= 1")
+    _check(0.0 <= lora.dropout < 1.0, "lora.dropout", lora.dropout, "a number in [0, 1)")
+    for key in ("sigma_direct", "sigma_reverse"):
+        value = cfg.reward[key]
+        _check(value is None or (isinstance(value, (int, float)) and value > 0), f"reward.{key}",
+               value, "null or a number > 0")
 
-    ev = typed["eval"]
-    _check(ev.adapter is None or cfg.mode in ADAPTER_MODES, "eval.adapter", ev.adapter,
-           f"null with mode={cfg.mode} (it is the adapter that mode=eval, search and export load)")
-    _check(ev.adapter is not None or cfg.mode != "export", "eval.adapter", ev.adapter,
+
+def _check_evaluation(mode: str, ev: Any, search: Any) -> None:
+    """eval (decoding, test sets, the adapter per mode) and search."""
+    _check(ev.adapter is None or mode in ADAPTER_MODES, "eval.adapter", ev.adapter,
+           f"null with mode={mode} (it is the adapter that mode=eval, search and export load)")
+    _check(ev.adapter is not None or mode != "export", "eval.adapter", ev.adapter,
            "the trained adapter to merge and export (mode=export), e.g. <train run>/adapter")
     _check(ev.decoding in DECODINGS, "eval.decoding", ev.decoding, f"one of {DECODINGS}")
-    _check(ev.beam_width >= 1, "eval.beam_width", ev.beam_width, "an integer >= 1")
-    _check(ev.num_test_sets >= 1, "eval.num_test_sets", ev.num_test_sets, "an integer >= 1")
-    _check(ev.test_size >= 1, "eval.test_size", ev.test_size, "an integer >= 1")
-    _check(ev.batch_size >= 1, "eval.batch_size", ev.batch_size, "an integer >= 1")
-
-    search = typed["search"]
+    for key in ("beam_width", "num_test_sets", "test_size", "batch_size"):
+        _check(ev[key] >= 1, f"eval.{key}", ev[key], "an integer >= 1")
     _check(search.method in SEARCH_METHODS, "search.method", search.method,
            f"one of {', '.join(SEARCH_METHODS)}")
     _check(search.particles >= 1, "search.particles", search.particles, "an integer >= 1")
@@ -375,25 +397,6 @@ def validate(cfg: DictConfig) -> None:
     _check(search.batch_size >= 1, "search.batch_size", search.batch_size, "an integer >= 1")
     _check(search.posterior_draws >= 0, "search.posterior_draws", search.posterior_draws,
            "an integer >= 0")
-
-    lora = typed["lora"]
-    _check(lora.r >= 1, "lora.r", lora.r, "an integer >= 1")
-    _check(0.0 <= lora.dropout < 1.0, "lora.dropout", lora.dropout, "a number in [0, 1)")
-
-    for key in ("sigma_direct", "sigma_reverse"):
-        value = cfg.reward[key]
-        _check(value is None or (isinstance(value, (int, float)) and value > 0), f"reward.{key}",
-               value, "null or a number > 0")
-
-    logger = typed["logger"]
-    _check(logger.name in LOGGERS, "logger", logger.name, f"one of {', '.join(LOGGERS)}")
-    _check(logger.mode in LOGGER_MODES, "logger.mode", logger.mode,
-           f"one of {', '.join(LOGGER_MODES)}")
-    _check(isinstance(cfg.skip_completed, bool), "skip_completed", cfg.skip_completed,
-           "true or false")
-    _check(isinstance(cfg.overwrite, bool), "overwrite", cfg.overwrite, "true or false")
-    _check_devices(cfg)
-    resume_setting(cfg.train.resume)
 
 
 def rollout_key(num_samples: int, beam_width: int) -> str:
