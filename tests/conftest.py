@@ -48,6 +48,27 @@ def sample_tasks() -> dict:
             for name in BUILTIN_TASKS}
 
 
+@pytest.fixture(scope="module")
+def model(tiny):
+    """The `tiny` model alone."""
+    return tiny[0]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    """The `tiny` model's tokenizer (SmolLM2's)."""
+    return tiny[1]
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> list[list[int]]:
+    """Three chat prompts of different lengths, encoded."""
+    from grammarrl.chat import encode_prompt
+    from tests.support.decoding import MESSAGES
+
+    return [encode_prompt(tok, [{"role": "user", "content": m}]) for m in MESSAGES]
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The model cache shared across tests (SmolLM2 is dequantised into it once)."""

@@ -1,6 +1,6 @@
 """Cascade decoding (the prompt KV kept once per prompt, `grammarrl/decoding/cascade.py`) against
 the copied-rows layout and brute force, on the `tiny` model and a grouped-query variant of it."""
-# ruff: noqa: F811 (the fixtures model, tok and prompts come from tests.test_decoding)
+
 
 from __future__ import annotations
 
@@ -16,15 +16,12 @@ from grammarrl.decoding.cascade import (
     supports_cascade,
 )
 from grammarrl.decoding.smc import smc
-from tests.test_decoding import (  # noqa: F401 (model, tok, prompts: its fixtures, shared)
+from tests.support.decoding import (
     JSON_GRAMMAR,
     WORDS_GRAMMAR,
     Sharpened,
     brute_greedy,
-    model,
-    prompts,
     teacher_forced,
-    tok,
 )
 
 

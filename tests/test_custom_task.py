@@ -34,7 +34,7 @@ from grammarrl.tasks.custom import (
 )
 from grammarrl.types import Example
 from tests.conftest import compose_config
-from tests.test_decoding_tasks import EndBias, check_validity
+from tests.support.decoding import EndBias, check_validity
 
 ROOT = Path(__file__).resolve().parents[1]
 CATEGORIES = ["billing", "shipping", "technical"]

@@ -2,58 +2,14 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import llguidance
 import pytest
 import torch
 
 from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder
-from grammarrl.decoding.grammar import ll_tokenizer
-from grammarrl.models import kv_cache_name, output_kv_cache
 from grammarrl.tasks import load_task
-from grammarrl.tasks.grammar_check import GrammarChecker
 from tests.conftest import BUILTIN_TASKS, compose_config
-
-
-class EndBias(torch.nn.Module):
-    """The random model with a bonus on the end-of-turn logit, so that open-ended outputs (gloss
-    term lists) end at random lengths instead of always running to max_new_tokens."""
-
-    def __init__(self, inner: torch.nn.Module, stop: int, bias: float):
-        super().__init__()
-        self.inner, self.stop, self.bias = inner, stop, bias
-
-    def forward(self, **kwargs):
-        out = self.inner(**kwargs)
-        logits = out.logits.clone()
-        logits[..., self.stop] += self.bias
-        return SimpleNamespace(logits=logits, **{kv_cache_name(): output_kv_cache(out)})
-
-
-def check_validity(task, tok, gens, max_new):
-    """Finished outputs: parsed by the task, accepted by an independent checker (re-tokenised
-    text) and by a fresh matcher on the generated tokens. Truncated: a valid prefix."""
-    stop = end_of_turn_id(tok)
-    grammar = task.grammar()
-    checker = GrammarChecker(grammar, tok)
-    spec = llguidance.LLMatcher.grammar_from_lark(grammar)
-    lt = ll_tokenizer(tok, stop)
-    finished = 0
-    for g in gens:
-        matcher = llguidance.LLMatcher(lt, spec, log_level=0)
-        assert g.error is None
-        if g.finished:
-            finished += 1
-            assert g.token_ids[-1] == stop and stop not in g.token_ids[:-1]
-            assert matcher.consume_tokens(g.token_ids[:-1]) and matcher.is_accepting()
-            assert checker.accepts(g.text), g.text
-            task.parse(g.text)  # raises ValueError if invalid
-        else:
-            assert g.truncated and len(g.token_ids) == max_new
-            assert matcher.consume_tokens(g.token_ids)
-    return finished
+from tests.support.decoding import EndBias, check_validity
 
 
 @pytest.mark.parametrize("name", BUILTIN_TASKS)

@@ -19,7 +19,7 @@ from experiments.runs import AggregationError
 from grammarrl.calibration import calibration_conditions
 from grammarrl.results import build_results, mean_std, write_results
 from tests.conftest import compose_config
-from tests.test_experiments import make_run, md_rows
+from tests.support.runs import make_run, md_rows
 
 VAL_STEPS = (0, 10, 20)  # trained steps of the validations
 TRAIN_STEPS = 25

@@ -18,7 +18,7 @@ from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import build_tiny
 from tests.conftest import BUILTIN_TASKS, compose_config
-from tests.test_decoding_tasks import EndBias, check_validity
+from tests.support.decoding import EndBias, check_validity
 
 METHODS = ("greedy", "sample", "beam", "rollout")
 SEEDS = (1,)

@@ -10,41 +10,9 @@ from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import add_lora, reference_mode
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.scoring import sequence_logprobs
-from grammarrl.tasks.base import Task
-from grammarrl.types import Example, Scores, Splits
+from grammarrl.types import Example
 from tests.conftest import compose_config
-
-WORDS = ["alpha", "beta", "gamma", "delta", "omega"]
-
-
-class ToyTask(Task):
-    """Pick one word from a list; the reverse prompt reconstructs the sentence."""
-
-    name = "toy"
-    metric_name = "accuracy"
-
-    def __init__(self, words: list[str]):
-        self.words = words
-
-    def splits(self) -> Splits:
-        raise NotImplementedError
-
-    def grammar(self) -> str:
-        return "start: " + " | ".join(f'"{w}"' for w in self.words)
-
-    def forward_messages(self, example: Example) -> list[dict[str, str]]:
-        return [{"role": "system", "content": "Name the topic."},
-                {"role": "user", "content": example.input}]
-
-    def reverse_messages(self, candidate: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": "Write a sentence about the topic."},
-                {"role": "user", "content": candidate}]
-
-    def parse(self, output: str) -> str:
-        return output
-
-    def score(self, predictions: list[str], examples: list[Example]) -> Scores:
-        raise NotImplementedError
+from tests.support.tasks import WORDS, ToyTask
 
 
 def _first_token_favourite(model, tokenizer, prompt):

@@ -29,7 +29,7 @@ from grammarrl.tasks.conll import closed_fields, field_penalty
 from grammarrl.tasks.gloss import gloss_penalty, gloss_terms_of
 from grammarrl.types import Example
 from tests.conftest import compose_config
-from tests.test_decoding import (
+from tests.support.decoding import (
     Sharpened,
     allowed_mask,
     assert_valid,
@@ -38,7 +38,7 @@ from tests.test_decoding import (
     step_records,
     teacher_forced,
 )
-from tests.test_rewards import ToyTask
+from tests.support.tasks import ToyTask
 
 JSON_GRAMMAR = r"""
 start: "{\"color\": \"" COLOR "\", \"n\": " NUM "}"
