@@ -30,6 +30,7 @@ from grammarrl.tasks.gloss import gloss_penalty, gloss_terms_of
 from grammarrl.types import Example
 from tests.conftest import compose_config
 from tests.support.decoding import (
+    WORDS_GRAMMAR,
     Sharpened,
     allowed_mask,
     assert_valid,
@@ -40,15 +41,11 @@ from tests.support.decoding import (
 )
 from tests.support.tasks import ToyTask
 
+# The decoding tests' JSON grammar with numbers of at most 2 digits (a smaller space to enumerate).
 JSON_GRAMMAR = r"""
 start: "{\"color\": \"" COLOR "\", \"n\": " NUM "}"
 COLOR: "red" | "green" | "blue" | "dark red"
 NUM: /[0-9]{1,2}/
-"""
-WORDS_GRAMMAR = r"""
-start: FIRST REST*
-FIRST: "cat" | "dog" | "bird" | "horse"
-REST: " cat" | " dog" | " bird" | " horse"
 """
 MESSAGES = ["hi", "What colour is the sky on a clear day?", "x y z"]
 
