@@ -32,8 +32,10 @@ def _digest(value: Any) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """JSON-ready: tuples, sets and other objects by their repr where JSON has no form."""
-    return json.loads(json.dumps(value, sort_keys=True, default=repr))
+    """JSON-ready (tuples, sets and other objects by their repr where JSON has no form), with
+    the checkout's location written `<repo>`: uids are `file:line` paths."""
+    text = json.dumps(value, sort_keys=True, default=repr, ensure_ascii=False)
+    return json.loads(text.replace(json.dumps(str(REPO))[1:-1], "<repo>"))
 
 
 def _predictions(pool: list[Example]) -> list[str]:
@@ -72,14 +74,15 @@ def snapshot(task: Task) -> dict[str, Any]:
     return _plain({
         "name": task.name,
         "metric_name": task.metric_name,
-        "splits": {k: {"size": len(v), "digest": _digest([(e.uid, e.input, e.target) for e in v])}
+        "splits": {k: {"size": len(v), "digest": _digest(_plain([(e.uid, e.input, e.target)
+                                                                 for e in v]))}
                    for k, v in parts.items()},
         "skipped": splits.skipped,
         "grammar": task.grammar(),
         "prompts": [{"forward": task.forward_messages(ex),
                      "reverse": task.reverse_messages(ex.target)} for ex in pool[:PROMPTED]],
-        "prompt_digests": [_digest([task.forward_messages(ex), task.reverse_messages(ex.target)])
-                           for ex in pool],
+        "prompt_digests": [_digest(_plain([task.forward_messages(ex),
+                                           task.reverse_messages(ex.target)])) for ex in pool],
         "parses": [parsed(p) for p in predictions],
         "scores": {"metric": scores.metric, "value": scores.value, "validity": scores.validity,
                    "per_example": scores.per_example, "details": scores.details},
