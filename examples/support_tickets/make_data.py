@@ -174,7 +174,7 @@ def main(out: Path = HERE) -> None:
     seen: set[str] = set()
     write(out / "demonstrations.jsonl", demonstrations(rng, seen), labelled=3)
     write(out / "train.jsonl", generate(240, rng, seen), labelled=60)
-    write(out / "dev.jsonl", generate(30, rng, seen), labelled=0)
+    write(out / "dev.jsonl", generate(30, rng, seen), labelled=30)
     write(out / "test.jsonl", generate(60, rng, seen), labelled=60)
     print(f"wrote demonstrations 3, train 240 (60 labelled), dev 30, test 60 to {out}")
 
