@@ -149,8 +149,14 @@ def generate(count: int, rng: random.Random, seen: set[str]) -> list[tuple[str, 
 def write(path: Path, rows: list[tuple[str, dict]], labelled: int) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for i, (text, ticket) in enumerate(rows):
-            record = {"message": text, **({"ticket": ticket} if i < labelled else {})}
+            record = {"message": text, **({"ticket": ticket, "triage": triage(ticket)}
+                                          if i < labelled else {})}
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def triage(ticket: dict) -> dict:
+    """The two fields of the quick-start task (`triage.yaml`): category and order number."""
+    return {"category": ticket["category"], "order_id": ticket["order_id"]}
 
 
 def demonstrations(rng: random.Random, seen: set[str]) -> list[tuple[str, dict]]:
