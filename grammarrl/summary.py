@@ -125,11 +125,31 @@ def compare(task: Task, frozen: Mapping[str, Any], trained: Mapping[str, Any], l
         "verdict": verdict(diff, frozen["scores"], trained["scores"]),
         "changed": {"outputs": len(changed), "better": better, "worse": worse,
                     "same_score": len(changed) - better - worse},
-        "examples": changed[:NUM_EXAMPLES] or [
+        "examples": pick_examples(changed) or [
             {"input": row["input"], "frozen": row["prediction"],
              "trained": after[uid]["prediction"], "gold": row["gold"]}
             for uid, row in list(before.items())[:NUM_EXAMPLES]],
     }
+
+
+def pick_examples(changed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Up to three changed outputs, in test order: the first that scored better, the first
+    that scored worse, the first that scored the same, then the next changed ones."""
+    def kind(item: dict[str, Any]) -> str:
+        if "frozen_score" not in item:
+            return "unscored"
+        delta = item["trained_score"] - item["frozen_score"]
+        return "better" if delta > 0 else "worse" if delta < 0 else "same"
+
+    picked = [next((i for i in changed if kind(i) == k), None) for k in ("better", "worse", "same")]
+    picked = [i for i in picked if i is not None]
+    for item in changed:
+        if len(picked) >= NUM_EXAMPLES:
+            break
+        if all(item is not p for p in picked):
+            picked.append(item)
+    order = {id(item): n for n, item in enumerate(changed)}
+    return sorted(picked[:NUM_EXAMPLES], key=lambda item: order[id(item)])
 
 
 def verdict(diff: Sequence[float], frozen: Sequence[float], trained: Sequence[float]) -> str:
@@ -199,7 +219,8 @@ def render(summary: Mapping[str, Any], training: Mapping[str, Any] | None = None
               f"better, {changed['worse']} worse, {changed['same_score']} the same).")]
     if training:
         lines += ["", training_line(training)]
-    lines += ["", "## Before and after (the first changed test inputs)" if changed["outputs"]
+    lines += ["", "## Before and after (changed test inputs: the first that scored better, "
+              "the first worse, the first the same)" if changed["outputs"]
               else "## Examples (no output changed)"]
     for index, item in enumerate(summary["examples"], 1):
         scores = ""

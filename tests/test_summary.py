@@ -182,3 +182,17 @@ def test_set_rewards_use_combine_rewards():
 def test_verdict(frozen, trained, start):
     diff = [t - f for f, t in zip(frozen, trained)]
     assert summ.verdict(diff, frozen, trained).startswith(start)
+
+
+def test_examples_are_the_first_better_worse_and_same_in_test_order():
+    def item(n, before=None, after=None):
+        return {"n": n, **({"frozen_score": before, "trained_score": after} if before is not None
+                           else {})}
+
+    changed = [item(0, 0.5, 0.5), item(1, 0.5, 0.5), item(2, 0.0, 1.0), item(3, 1.0, 0.0),
+               item(4, 0.0, 1.0)]
+    assert [i["n"] for i in summ.pick_examples(changed)] == [0, 2, 3]
+    only_better = [item(0, 0.0, 1.0), item(1, 0.0, 0.5), item(2, 0.5, 1.0), item(3, 0.0, 1.0)]
+    assert [i["n"] for i in summ.pick_examples(only_better)] == [0, 1, 2]
+    assert [i["n"] for i in summ.pick_examples([item(0), item(1)])] == [0, 1]  # unlabelled
+    assert summ.pick_examples([]) == []

@@ -12,9 +12,13 @@ its ticket is what was chosen:
      "order_id": "AB-12345" | null,            the order number when the message gives one
      "wants_refund": true | false}             the customer asks for money back
 
+Every labelled row also carries `triage`, the ticket's category and order number: the gold
+output of the quick-start task (`triage.yaml`, what `make run` trains).
+
 Files: train.jsonl (240 messages, the first 60 with a gold `ticket`, the rest unlabelled, as
-a practitioner's data would be), dev.jsonl (30 unlabelled: calibration inputs), test.jsonl (60
-labelled), demonstrations.jsonl (3 labelled, of three categories: `demonstrations`).
+a practitioner's data would be), dev.jsonl (30 labelled: calibration inputs, the dev curve and
+the choice of settings), test.jsonl (60 labelled), demonstrations.jsonl (3 labelled, of three
+categories: `demonstrations`).
 """
 
 from __future__ import annotations
