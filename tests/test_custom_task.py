@@ -481,6 +481,6 @@ def test_support_tickets_example_is_reproducible_and_loads(tmp_path):
     s = task.splits()
     assert (task.name, task.metric_name) == ("support_tickets", "json_fields_f1")
     assert (len(s.train), len(s.dev), len(s.fewshot), len(s.test_pool)) == (240, 16, 3, 60)
-    assert sum(map(len, task.corpus.values())) == 60 + 30 + 60 + 3  # labelled train, dev, test, demos
+    assert sum(map(len, task.corpus.values())) == 60 + 60 + 3  # labelled train, test, demos
     assert task.gold_rejected[0] == 0 and task.gold_rejected[1] > 60  # distinct tickets
     assert sum(bool(ex.target) for ex in s.train) == 60
