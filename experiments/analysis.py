@@ -3,7 +3,6 @@ tokens), logged training metrics (curves) and calibration entries (σ's)."""
 
 from __future__ import annotations
 
-import csv
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -13,6 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from experiments.runs import AggregationError, Evaluation, Run
+from grammarrl import summary
 from grammarrl.calibration import calibration_key, entries
 from grammarrl.results import mean_std
 from grammarrl.tasks import conll
@@ -47,21 +47,9 @@ def term_count(term: str) -> Callable[[list[dict[str, Any]]], float]:
 
 
 def read_metrics(run: Run) -> dict[str, list[tuple[int, float]]]:
-    """Lightning's CSV metrics of a training run: column -> [(step, value)], empty cells
-    skipped; {} when the run logged nothing. A validation row is placed at the training steps
-    done when it ran (its `val/*_trained_steps`; 0 for the one before training)."""
-    path = run.path / "metrics" / "metrics.csv"
-    if not path.is_file():
-        return {}
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            step = next((v for k, v in row.items() if k.endswith("_trained_steps") and v),
-                        row.get("step"))
-            for key, value in row.items():
-                if key != "step" and value not in ("", None) and step not in ("", None):
-                    series[key].append((int(float(step)), float(value)))
-    return dict(series)
+    """Lightning's CSV metrics of a training run: column -> [(step, value)]
+    (`grammarrl.summary.read_metrics`)."""
+    return summary.read_metrics(run.path)
 
 
 def calibration_entry(run: Run) -> dict[str, Any] | None:

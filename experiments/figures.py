@@ -6,12 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from experiments.runs import format_number
+from grammarrl.plots import panel_grid, save_figure
+
+__all__ = ["Curve", "LambdaPoint", "against_lambda", "panel_grid", "training_curves"]
 
 
 @dataclass(frozen=True)
@@ -22,14 +22,6 @@ class Curve:
     label: str
     train: list[tuple[int, float]]
     dev: list[tuple[int, float]]
-
-
-def _save(fig: plt.Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
 
 
 def training_curves(curves: Sequence[Curve], path: Path, metric_names: Mapping[str, str]) -> Path:
@@ -47,7 +39,7 @@ def training_curves(curves: Sequence[Curve], path: Path, metric_names: Mapping[s
         ax.set(title=task, xlabel="training step", ylabel=metric_names.get(task, "metric"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 @dataclass(frozen=True)
@@ -78,28 +70,4 @@ def against_lambda(points: Sequence[LambdaPoint], panels: Sequence[tuple[str, st
         ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
-
-
-def panel_grid(panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, float]]]]],
-               path: Path, columns: int = 3, xlabel: str = "training step") -> Path:
-    """Small multiples: one panel per (title, {line label: [(x, y)]}); a label keeps its colour
-    in every panel; the legend sits in the first panel with lines."""
-    labels = list(dict.fromkeys(label for _, lines in panels for label in lines))
-    rows = max(1, -(-len(panels) // columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
-    legend = False
-    for ax, (title, lines) in zip(axes.flat, panels):
-        for label, points in lines.items():
-            steps, values = zip(*points)
-            ax.plot(steps, values, color=f"C{labels.index(label)}", label=label,
-                    marker="." if len(points) <= 20 else None)
-        ax.set(title=title, xlabel=xlabel)
-        ax.title.set_fontsize(9)
-        ax.grid(alpha=0.3)
-        if lines and not legend:
-            ax.legend(fontsize=7)
-            legend = True
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -23,6 +23,7 @@ from grammarrl.module import GrammarRLModule
 from grammarrl.progress import StepProgressBar
 from grammarrl.results import ResultsWriteError, atomic_write, config_dict, run_dir, write_jsonl
 from grammarrl.rundir import BOOKKEEPING, CONTINUABLE, describe, differing_keys
+from grammarrl.summary import write_summary
 from grammarrl.tracking import current_run, table_cell
 
 log = logging.getLogger(__name__)
@@ -283,6 +284,9 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
                                   adapter=adapter),
                **results}
     _print_summary(results)
+    summary = write_summary(out, task, results, cfg["lambda"], sigma_direct, sigma_reverse)
+    if summary is not None:
+        print("\n" + summary["text"] + f"(written to {out / 'summary.md'} and summary.json)")
     return results
 
 

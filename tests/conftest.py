@@ -95,6 +95,21 @@ def real_data_dir() -> Path:
     return Path(value)
 
 
+def train_in(work: Path, cfg: DictConfig):
+    """`run_train(cfg)` with `work` as the working directory (the run dir goes under
+    work/outputs): (run dir, results)."""
+    from grammarrl.train import run_train
+
+    previous = os.getcwd()
+    os.chdir(work)
+    try:
+        results = run_train(cfg)
+    finally:
+        os.chdir(previous)
+    (out,) = (work / "outputs").glob("*/*")
+    return out, results
+
+
 @pytest.fixture(scope="session")
 def read_wandb_offline():
     """A reader of an offline W&B run as W&B wrote it: `read(run_dir)` -> dict with `run` (the

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from grammarrl.train import run_train
-from tests.conftest import compose_config
+from tests.conftest import compose_config, train_in
 
 TINY_TRAIN = [
     "model=tiny", "task=conll", "data.dir=null", "logger=none",
@@ -28,13 +26,7 @@ def trained(tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     cfg = compose_config([*TINY_TRAIN, f"reward.calibration_file={work}/calibration.json",
                           "train.eval_baseline=true"])
-    previous = os.getcwd()
-    os.chdir(work)
-    try:
-        results = run_train(cfg)
-    finally:
-        os.chdir(previous)
-    (out,) = (work / "outputs").glob("*/*")
+    out, results = train_in(work, cfg)
     return work, out, results
 
 

@@ -12,9 +12,14 @@ its ticket is what was chosen:
      "order_id": "AB-12345" | null,            the order number when the message gives one
      "wants_refund": true | false}             the customer asks for money back
 
+Every labelled row also carries `triage`, the ticket's category and order number: the gold
+output of the quick-start task (`triage.yaml`, what `make run` trains).
+
 Files: train.jsonl (240 messages, the first 60 with a gold `ticket`, the rest unlabelled, as
-a practitioner's data would be), dev.jsonl (30 unlabelled: calibration inputs), test.jsonl (60
-labelled), demonstrations.jsonl (3 labelled, of three categories: `demonstrations`).
+a practitioner's data would be), dev.jsonl (30 messages: calibration inputs; each with its gold
+`triage`, for the quick start's dev curve and the choice of its settings, but no `ticket`),
+test.jsonl (60 labelled), demonstrations.jsonl (3 labelled, of three categories:
+`demonstrations`).
 """
 
 from __future__ import annotations
@@ -146,11 +151,19 @@ def generate(count: int, rng: random.Random, seen: set[str]) -> list[tuple[str, 
     return out
 
 
-def write(path: Path, rows: list[tuple[str, dict]], labelled: int) -> None:
+def write(path: Path, rows: list[tuple[str, dict]], labelled: int, tickets: bool = True) -> None:
+    """The first `labelled` rows get their gold `triage` (and `ticket`, unless not `tickets`)."""
     with open(path, "w", encoding="utf-8") as handle:
         for i, (text, ticket) in enumerate(rows):
-            record = {"message": text, **({"ticket": ticket} if i < labelled else {})}
+            gold = {"ticket": ticket} if tickets else {}
+            record = {"message": text, **({**gold, "triage": triage(ticket)}
+                                          if i < labelled else {})}
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def triage(ticket: dict) -> dict:
+    """The two fields of the quick-start task (`triage.yaml`): category and order number."""
+    return {"category": ticket["category"], "order_id": ticket["order_id"]}
 
 
 def demonstrations(rng: random.Random, seen: set[str]) -> list[tuple[str, dict]]:
@@ -174,7 +187,7 @@ def main(out: Path = HERE) -> None:
     seen: set[str] = set()
     write(out / "demonstrations.jsonl", demonstrations(rng, seen), labelled=3)
     write(out / "train.jsonl", generate(240, rng, seen), labelled=60)
-    write(out / "dev.jsonl", generate(30, rng, seen), labelled=0)
+    write(out / "dev.jsonl", generate(30, rng, seen), labelled=30, tickets=False)
     write(out / "test.jsonl", generate(60, rng, seen), labelled=60)
     print(f"wrote demonstrations 3, train 240 (60 labelled), dev 30, test 60 to {out}")
 

@@ -1,0 +1,52 @@
+"""Figures as PNG (matplotlib, Agg backend): the helpers shared by a training run's own summary
+(`grammarrl.summary`) and the sweep reports (`experiments.figures`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def save_figure(fig: plt.Figure, path: Path) -> Path:
+    """Write `fig` to `path` (parents created) at 150 dpi and close it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def panel_grid(panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, float]]]]],
+               path: Path, columns: int = 3, xlabel: str = "training step",
+               ylabels: Sequence[str] | None = None) -> Path:
+    """Small multiples: one panel per (title, {line label: [(x, y)]}); a label keeps its colour
+    in every panel; the legend sits in the first panel with lines (every panel with lines when
+    the panels' labels differ). `ylabels`: one y-axis label per panel."""
+    labels = list(dict.fromkeys(label for _, lines in panels for label in lines))
+    shared = len({tuple(lines) for _, lines in panels if lines}) <= 1
+    rows = max(1, -(-len(panels) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
+    legend = False
+    for index, (ax, (title, lines)) in enumerate(zip(axes.flat, panels)):
+        for label, points in lines.items():
+            if not points:
+                continue
+            steps, values = zip(*points)
+            ax.plot(steps, values, color=f"C{labels.index(label)}", label=label,
+                    marker="." if len(points) <= 20 else None)
+        ax.set(title=title, xlabel=xlabel)
+        if ylabels is not None:
+            ax.set_ylabel(ylabels[index])
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        if lines and (not legend or not shared):
+            ax.legend(fontsize=7)
+            legend = True
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    return save_figure(fig, path)
