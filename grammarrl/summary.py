@@ -23,7 +23,8 @@ import torch
 
 from grammarrl.results import atomic_write, mean_std, predictions_name, write_json
 from grammarrl.rloo import combine_rewards
-from grammarrl.tasks.base import Example, Task
+from grammarrl.tasks.base import Task
+from grammarrl.types import Example
 
 NUM_EXAMPLES = 3  # before/after examples shown
 
