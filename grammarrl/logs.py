@@ -20,6 +20,9 @@ THIRD_PARTY_WARNINGS = (
 )
 THIRD_PARTY_INFO = (
     "💡 Tip:",  # Lightning advertising other products
+    "GPU available:", "TPU available:", "HPU available:",  # our own log names the device
+    "Seed set to",  # our seed is in the config and the run record
+    "`Trainer.fit` stopped:",  # the progress bar and the summary say where training ended
 )
 LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")  # each may own one
 
@@ -39,6 +42,9 @@ def quiet_third_party() -> None:
     not configured yet), so under Hydra (which logs to the console and the job's log file) every
     Lightning line was printed twice."""
     import lightning  # noqa: F401  (adds its console handlers on import: import it first)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Loading weights": a second-long bar per load
 
     for pattern, _why in THIRD_PARTY_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
@@ -50,6 +56,6 @@ def quiet_third_party() -> None:
             if root_has_handlers and type(handler) is logging.StreamHandler:
                 logger.removeHandler(handler)
                 logger.propagate = True  # to the root's handlers, which print it once
-        for child in (name, f"{name}.utilities.rank_zero"):
+        for child in (name, f"{name}.utilities.rank_zero", f"{name}.utilities.seed"):
             if not any(isinstance(f, _DropMessages) for f in logging.getLogger(child).filters):
                 logging.getLogger(child).addFilter(drop)

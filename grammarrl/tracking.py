@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import netrc
 import os
 import sys
@@ -25,6 +26,8 @@ from grammarrl.results import config_dict, predictions_name
 
 TRACKED_MODES = ("train", "eval", "search", "calibrate")
 DEFAULT_HOST = "https://api.wandb.ai"
+
+log = logging.getLogger(__name__)
 
 
 def is_rank_zero() -> bool:
@@ -100,7 +103,9 @@ def job_run(cfg: DictConfig, out: Path | None) -> Iterator[Any]:
     config["logger"]["group"] = group = cfg.logger.group or sweep  # the group the run is in
     run = wandb.init(project=cfg.logger.project, group=group, name=name, job_type=cfg.mode,
                      tags=tags(cfg), config=config, mode=cfg.logger.mode,
-                     dir=str(out) if out is not None else None)
+                     dir=str(out) if out is not None else None,
+                     settings=wandb.Settings(silent=True))  # its banner and exit dump: our line below
+    log.info("W&B run %s (%s): %s", run.id, cfg.logger.mode, run.dir)
     try:
         yield run
     except BaseException:

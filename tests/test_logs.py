@@ -24,8 +24,9 @@ def test_known_noise_is_dropped_and_other_messages_kept(caplog):
     with caplog.at_level(logging.INFO):
         rank_zero.info("💡 Tip: For seamless cloud logging, try installing X")
         rank_zero.info("GPU available: False, used: False")
+        rank_zero.info("a Lightning message we do not know")
         logging.getLogger("grammarrl").warning("our warning")
-    assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False",
+    assert [r.getMessage() for r in caplog.records] == ["a Lightning message we do not know",
                                                         "our warning"]
 
 
@@ -55,7 +56,9 @@ def test_a_training_job_console_shows_each_message_once_and_counts_steps(tmp_pat
         capture_output=True, text=True, check=False)
     console = (done.stdout + done.stderr).replace("\r", "\n")
     assert done.returncode == 0, console[-3000:]
-    assert console.count("GPU available: False") == 1  # not once per Lightning handler
+    assert console.count("val_check_interval=1") == 1  # not once per Lightning handler
+    assert "GPU available" not in console and "Seed set to" not in console  # noise dropped
+    assert "Loading weights" not in console and "wandb:" not in console
     assert console.count("No data directory set") == 1  # said once, where the data comes from
     assert "train: 100%" in console and "3/3" in console  # steps of optim.max_steps
     assert "Epoch 0" not in console and "v_num" not in console
