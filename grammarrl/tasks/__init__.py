@@ -10,11 +10,11 @@ alone (grammarrl/tasks/custom.py), also under other names a spec gives it.
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from grammarrl.config import CONF_DIR
@@ -49,12 +49,11 @@ def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
     their name, any name that is no built-in task being a custom task."""
     targets = task_targets()
     target = task_cfg.get("_target_") or targets.get(str(task_cfg.get("name")), targets[CUSTOM])
-    module_name, _, class_name = str(target).rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError) as err:
+        cls = get_class(str(target))
+    except (ImportError, ValueError) as err:  # a missing module or name; not a class
         raise ConfigError(f"task._target_={target!r}: cannot import it ({err})") from None
-    if not (isinstance(cls, type) and issubclass(cls, Task)):
+    if not issubclass(cls, Task):
         raise ConfigError(f"task._target_={target!r} is not a grammarrl.tasks.base.Task")
     return cls
 
