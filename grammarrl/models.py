@@ -276,28 +276,32 @@ def build_tiny(model_cfg: DictConfig, vocab_size: int) -> torch.nn.Module:
 def load_model(
     model_cfg: DictConfig, cache_dir: str | Path, device: str = "auto"
 ) -> tuple[torch.nn.Module, Any]:
-    """Load (model, tokenizer) for a `model` config group, on the right device and dtype."""
+    """Load (model, tokenizer) for a `model` config group, on the right device and dtype.
+    The global random state is left as it was: a cold cache converts the weights, which draws
+    random numbers, and a run must not depend on the state of the cache."""
+    from lightning.pytorch.utilities.seed import isolate_rng
     from transformers import AutoModelForCausalLM
 
-    device_ = resolve_device(device)
-    dtype = resolve_dtype(model_cfg.dtype, device_)
-    if device_.type == "cpu":
-        steady_cpu_allocator()
-    tokenizer = load_tokenizer(model_cfg, cache_dir)
-    if model_cfg.source == "tiny":
-        model = build_tiny(model_cfg, vocab_size=len(tokenizer)).to(dtype)
-    else:
-        path = _weights_path(model_cfg, Path(cache_dir))
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        except OSError as err:
-            raise hub_error(path, err) from err
-    if dtype in (torch.bfloat16, torch.float16):
-        float32_head(model)
-    model.to(device_)
-    model.eval()
-    log.info("model %s: %s on %s%s", model_cfg.name, str(dtype).removeprefix("torch."), device_,
-             " (model.dtype=auto)" if model_cfg.dtype == "auto" else "")
+    with isolate_rng():
+        device_ = resolve_device(device)
+        dtype = resolve_dtype(model_cfg.dtype, device_)
+        if device_.type == "cpu":
+            steady_cpu_allocator()
+        tokenizer = load_tokenizer(model_cfg, cache_dir)
+        if model_cfg.source == "tiny":
+            model = build_tiny(model_cfg, vocab_size=len(tokenizer)).to(dtype)
+        else:
+            path = _weights_path(model_cfg, Path(cache_dir))
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            except OSError as err:
+                raise hub_error(path, err) from err
+        if dtype in (torch.bfloat16, torch.float16):
+            float32_head(model)
+        model.to(device_)
+        model.eval()
+        log.info("model %s: %s on %s%s", model_cfg.name, str(dtype).removeprefix("torch."), device_,
+                 " (model.dtype=auto)" if model_cfg.dtype == "auto" else "")
     return model, tokenizer
 
 

@@ -99,6 +99,27 @@ def test_smollm2_second_load_is_fast_and_matches_gguf(cache_dir):
     assert tokenizer.decode([top]).strip() == "Paris"
 
 
+@pytest.mark.slow
+def test_loading_from_a_cold_cache_leaves_the_random_state_alone(tmp_path):
+    """Converting the GGUF into a cold cache draws random numbers. A run that loaded from a
+    cold cache initialised its LoRA adapter differently from the same run on a warm one (the
+    first `make run` of a fresh clone trained a different policy), so loading must leave the
+    global random state as it found it."""
+    import random
+
+    import lightning.pytorch  # noqa: F401  (a run has imported it by now; its import draws numbers)
+    import numpy as np
+
+    cfg = compose_config(["model=smollm2"])
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    load_model(cfg.model, tmp_path, device="cpu")
+    assert (tmp_path / "models").is_dir()  # the cache was built in this call
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert random.getstate() == before[1]
+    assert (np.random.get_state()[1] == before[2]).all()
+
+
 def test_model_cache_is_shared_across_install_paths(tmp_path):
     """The dequantised SmolLM2 cache is keyed by the GGUF's name and size, not its path: a
     second virtualenv or worktree (another path to the same file) reuses it, where a path key
