@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Any
 
 
@@ -31,22 +30,19 @@ def json_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-@lru_cache(maxsize=4)
-def _ll_tokenizer(tokenizer: Any) -> Any:
-    import llguidance.hf
-
-    return llguidance.hf.from_tokenizer(tokenizer)
-
-
 def compile_grammar(lark: str, tokenizer: Any) -> tuple[Any, str]:
     """(llguidance tokenizer, grammar spec) for a Lark grammar and a fast HF tokenizer.
 
-    The llguidance tokenizer is cached per HF tokenizer (building it takes about a second).
+    The llguidance tokenizer is decoding's (`grammarrl.decoding.grammar.ll_tokenizer`, cached
+    per HF tokenizer, end-of-turn token as EOS), so the check sees the tokens decoding sees.
     `llguidance.LLMatcher(ll_tokenizer, spec)` then gives a matcher; check `is_error()`.
     """
     import llguidance
 
-    return _ll_tokenizer(tokenizer), llguidance.grammar_from("lark", lark)
+    from grammarrl.chat import end_of_turn_id
+    from grammarrl.decoding.grammar import ll_tokenizer
+
+    return ll_tokenizer(tokenizer, end_of_turn_id(tokenizer)), llguidance.grammar_from("lark", lark)
 
 
 class GrammarChecker:
