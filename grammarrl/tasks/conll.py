@@ -20,6 +20,7 @@ import random
 import re
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from grammarrl.data.hub import load_hub_dataset
 from grammarrl.data.sources import Row, SkipLog, read_lines
@@ -29,6 +30,7 @@ from grammarrl.tasks.grammar_check import alternation, json_string, lark_literal
 from grammarrl.types import Example, Scores
 
 FIELDS = ("person", "organization", "location", "misc")
+KEY_ORDER = f"expected the keys {', '.join(FIELDS)} in that order"
 TAG_FIELDS = {"PER": "person", "ORG": "organization", "LOC": "location", "MISC": "misc"}
 FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
 HUB_ID = "eriktks/conll2003"
@@ -86,14 +88,24 @@ def read_hub_conll() -> list[Row]:
 # ----- outputs --------------------------------------------------------------------------
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """The JSON object an output (or a target) is written as: the one reading of outputs that
+    `output_fields` and `ConllTask.parse` share; ValueError if it is not one."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as err:
+        raise ValueError(f"not JSON: {err}") from None
+    if isinstance(value, dict):
+        return value
+    raise ValueError(KEY_ORDER)
+
+
 def output_fields(text: str) -> dict[str, str]:
     """The four fields of an output as written (vocabulary not checked); an output that is not
     a JSON object leaves every field empty."""
     try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return dict.fromkeys(FIELDS, "")
-    if not isinstance(value, dict):
+        value = _json_object(text)
+    except ValueError:
         return dict.fromkeys(FIELDS, "")
     return {f: value.get(f) if isinstance(value.get(f), str) else "" for f in FIELDS}
 
@@ -229,7 +241,7 @@ class ConllTask(CorpusTask):
         values: dict[str, set[str]] = {field: set() for field in FIELDS}
         for pool in self.corpus.values():
             for ex in pool:
-                for field, span in json.loads(ex.target).items():
+                for field, span in output_fields(ex.target).items():
                     if span:
                         values[field].add(span)
         return {field: sorted(spans) for field, spans in values.items()}
@@ -242,7 +254,7 @@ class ConllTask(CorpusTask):
         order so that every type appears about 3 times and some fields stay empty."""
 
         def fields_of(ex: Example) -> list[str]:
-            return [f for f, span in json.loads(ex.target).items() if span]
+            return [f for f, span in output_fields(ex.target).items() if span]
 
         def sentence_like(text: str) -> bool:  # prose, not a headline, table row or list
             words = text.split()
@@ -302,12 +314,9 @@ class ConllTask(CorpusTask):
         return {field: frozenset(spans) for field, spans in self.vocabulary.items()}
 
     def parse(self, output: str) -> dict[str, str]:
-        try:
-            value = json.loads(output)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"not JSON: {err}") from None
-        if not isinstance(value, dict) or tuple(value) != FIELDS:
-            raise ValueError(f"expected the keys {', '.join(FIELDS)} in that order")
+        value = _json_object(output)
+        if tuple(value) != FIELDS:
+            raise ValueError(KEY_ORDER)
         for field, span in value.items():
             if span != "" and span not in self._vocabulary_sets[field]:
                 raise ValueError(f"{field}: {span!r} is not in the {field} vocabulary")
@@ -315,7 +324,7 @@ class ConllTask(CorpusTask):
 
     def score(self, predictions: list[str], examples: list[Example]) -> Scores:
         parsed = [self.try_parse(p) for p in predictions]
-        golds = [json.loads(ex.target) for ex in examples]
+        golds = [output_fields(ex.target) for ex in examples]
         counts = entity_prf(parsed, golds, FIELDS)
         per_example = []
         for ex, p, g in zip(examples, parsed, golds):
