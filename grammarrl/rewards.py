@@ -54,25 +54,36 @@ class ReferenceScorer:
         return self.tokenizer.encode(example.input, add_special_tokens=False)
 
     @torch.no_grad()
+    def reverse_logprobs(self, example: Example, candidate_texts: list[str]
+                         ) -> tuple[list[torch.Tensor], int]:
+        """Per-token log pi_ref(x_k | tau(y), x_<k) of x after each candidate y's reverse prompt,
+        and the token positions run for them (the sequences after the cached static prefix)."""
+        reverse_prefix = self.reverse_static_prefix() if self.share_prefix else None
+        x_ids = self.input_ids(example)
+        reverse_prompts = [
+            encode_prompt(self.tokenizer, self.task.reverse_messages(text))
+            for text in candidate_texts
+        ]
+        sequences = [p + x_ids for p in reverse_prompts]
+        with reference_mode(self.model):
+            logps = sequence_logprobs(
+                self.model, sequences, [len(p) for p in reverse_prompts],
+                share_prefix=self.share_prefix,
+                prefix=reverse_prefix,
+            )
+        cached = len(reverse_prefix.tokens) if reverse_prefix is not None else 0
+        return logps, sum(len(seq) - cached for seq in sequences)
+
+    @torch.no_grad()
     def score(self, example: Example, prompt: list[int], candidates: list[list[int]],
               candidate_texts: list[str]) -> CandidateScores:
         """Score the candidates (token ids, end-of-turn included) of one input x."""
-        reverse_prefix = self.reverse_static_prefix() if self.share_prefix else None
         with reference_mode(self.model):
             forward = sequence_logprobs(
                 self.model, [prompt + c for c in candidates], [len(prompt)] * len(candidates),
                 share_prefix=self.share_prefix,
             )
-            x_ids = self.input_ids(example)
-            reverse_prompts = [
-                encode_prompt(self.tokenizer, self.task.reverse_messages(text))
-                for text in candidate_texts
-            ]
-            reverse = sequence_logprobs(
-                self.model, [p + x_ids for p in reverse_prompts], [len(p) for p in reverse_prompts],
-                share_prefix=self.share_prefix,
-                prefix=reverse_prefix,
-            )
+        reverse, _ = self.reverse_logprobs(example, candidate_texts)
         return CandidateScores(
             direct=torch.stack([lp.mean() for lp in forward]),
             reverse=torch.stack([lp.mean() for lp in reverse]),

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from grammarrl.chat import encode_prompt
 from grammarrl.errors import ConfigError
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
@@ -80,7 +77,8 @@ class BoundPotential:
 
 
 class ReversePotential(Potential):
-    """log pi_ref(x | tau(y)), summed over the tokens of x (the reverse reward's numerator)."""
+    """log pi_ref(x | tau(y)), summed over the tokens of x: the reverse reward before its mean
+    (`ReferenceScorer.reverse_logprobs`)."""
 
     name = "reverse"
 
@@ -90,34 +88,17 @@ class ReversePotential(Potential):
         self.forward_tokens = 0
         self.forward_calls = 0
 
-    @torch.no_grad()
     def complete(self, example: Example, texts: list[str]) -> list[float]:
-        from grammarrl.models import reference_mode
-        from grammarrl.scoring import sequence_logprobs
-
-        if not texts:
-            return []
-        scorer = self.scorer
-        prefix = scorer.reverse_static_prefix()
-        x_ids = scorer.input_ids(example)
         out: list[float] = []
         for start in range(0, len(texts), self.batch_size):
-            chunk = texts[start : start + self.batch_size]
-            prompts = [
-                encode_prompt(scorer.tokenizer, scorer.task.reverse_messages(t)) for t in chunk
-            ]
-            with reference_mode(scorer.model):
-                logps = sequence_logprobs(
-                    scorer.model,
-                    [p + x_ids for p in prompts],
-                    [len(p) for p in prompts],
-                    prefix=prefix,
-                )
+            logps, positions = self.scorer.reverse_logprobs(
+                example, texts[start : start + self.batch_size]
+            )
             self.forward_calls += 1
-            # positions run: the suffixes after the cached prefix, packed into one row
-            self.forward_tokens += sum(len(p) + len(x_ids) - len(prefix.tokens) for p in prompts)
+            self.forward_tokens += positions
             out.extend(float(lp.sum()) for lp in logps)
         return out
+
 
 # ---------------------------------------------------------------------- task-specific
 
