@@ -21,9 +21,11 @@ from filelock import FileLock
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from grammarrl.atomic import write_json
 from grammarrl.config import rollout_key
 from grammarrl.models import resolve_device, resolve_dtype
-from grammarrl.results import config_dict, hydra_run_dir, run_dir, write_json
+from grammarrl.results import config_dict
+from grammarrl.rundir import hydra_run_dir, run_dir
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from omegaconf import DictConfig
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.errors import DataError
-from grammarrl.results import adapter_name, build_results, run_dir, write_results
+from grammarrl.results import adapter_name, build_results, write_results
+from grammarrl.rundir import run_dir
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 

@@ -19,8 +19,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from grammarrl.atomic import write_json
 from grammarrl.chat import end_of_turn_id
-from grammarrl.results import config_dict, run_dir, write_json
+from grammarrl.results import config_dict
+from grammarrl.rundir import run_dir
 
 log = logging.getLogger(__name__)
 

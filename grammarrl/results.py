@@ -1,5 +1,5 @@
 """The results schema shared by every mode that scores outputs (eval, train, search), written
-atomically into the run directory.
+atomically (`grammarrl.atomic`) into the run directory.
 
 `<name>.json` (default `results.json`) holds at least:
   task, model, decoding, metric, scores (one per test set), mean, std, validity, truncated,
@@ -13,19 +13,15 @@ max_new_tokens.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grammarrl.errors import GrammarRLError
+from grammarrl.atomic import write_json, write_jsonl
 
 REQUIRED_KEYS = (
     "task",
@@ -40,108 +36,6 @@ REQUIRED_KEYS = (
     "examples_per_second",
     "config",
 )
-
-
-class ResultsWriteError(GrammarRLError):
-    """A results file could not be written (e.g. disk full); the previous file is intact."""
-
-
-def hydra_run_dir() -> Path | None:
-    """The job's output directory when running under Hydra, else None."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return None
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
-def run_dir(cfg: DictConfig | None = None) -> Path:
-    """The run directory: Hydra's output dir when running under Hydra, else a fresh
-    `outputs/<date>/<time>_<task>_<model>_<mode>` under the working directory."""
-    path = hydra_run_dir()
-    if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    now = datetime.now()
-    parts = [now.strftime("%H-%M-%S")]
-    if cfg is not None:
-        for key in ("task.name", "model.name", "mode"):
-            value = OmegaConf.select(cfg, key, default=None)
-            if value is not None:
-                parts.append(str(value))
-    base = Path("outputs") / now.strftime("%Y-%m-%d") / "_".join(parts)
-    base.parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1000):  # two runs in the same second get distinct directories
-        path = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"cannot create a fresh run directory next to {base}")
-
-
-def atomic_write(path: str | Path, write, binary: bool = False) -> Path:
-    """Write `path` through `write(handle)` into a temp file beside it, fsync, rename over it:
-    a kill or a full disk mid-write leaves the previous file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(err, OSError):  # disk full, quota, permissions: one clear message
-            kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing written"
-            raise ResultsWriteError(
-                f"cannot write {path}: {err.strerror or err}; {kept}") from err
-        raise
-    return path
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def write_json(path: str | Path, obj: Any) -> Path:
-    """Write JSON atomically (temp file in the same directory + os.replace)."""
-    return atomic_write(
-        Path(path), lambda h: h.write(json.dumps(_jsonable(obj), indent=2, ensure_ascii=False))
-    )
-
-
-def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """Write JSON lines atomically."""
-
-    def write(handle):
-        for row in rows:
-            handle.write(json.dumps(_jsonable(row), ensure_ascii=False) + "\n")
-
-    return atomic_write(Path(path), write)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, DictConfig) or OmegaConf.is_config(obj):
-        return OmegaConf.to_container(obj, resolve=True)
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return _jsonable(obj.item())
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -27,10 +27,11 @@ from hydra.errors import CompactHydraException, HydraException
 from omegaconf import DictConfig
 
 from grammarrl import rundir, tracking
+from grammarrl.atomic import write_json
 from grammarrl.config import compose_job_config, validate
 from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.logs import quiet_third_party
-from grammarrl.results import hydra_run_dir, write_json
+from grammarrl.rundir import hydra_run_dir
 
 log = logging.getLogger("grammarrl")
 

@@ -1,4 +1,5 @@
-"""The record of a run directory: the mode and resolved settings its outputs were produced with.
+"""Run directories: where a job writes (`run_dir`), and the record of the mode and resolved
+settings its outputs were produced with.
 
 `<run dir>/job.json` is written when a job starts there; every later job in the same directory
 (a restarted run, a re-run sweep) is compared with it before it may touch the outputs:
@@ -24,13 +25,15 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from grammarrl.atomic import write_json
 from grammarrl.errors import GrammarRLError
-from grammarrl.results import config_dict, write_json
+from grammarrl.results import config_dict
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,41 @@ RESULTS = ("results*.json", "predictions*.jsonl")
 OUTPUTS = (*RESULTS, "checkpoints", "adapter", "metrics", "samples.jsonl", "calibration.json",
            "timing.json")
 HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
+
+
+def hydra_run_dir() -> Path | None:
+    """The job's output directory when running under Hydra, else None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def run_dir(cfg: DictConfig | None = None) -> Path:
+    """The run directory: Hydra's output dir when running under Hydra, else a fresh
+    `outputs/<date>/<time>_<task>_<model>_<mode>` under the working directory."""
+    path = hydra_run_dir()
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    now = datetime.now()
+    parts = [now.strftime("%H-%M-%S")]
+    if cfg is not None:
+        for key in ("task.name", "model.name", "mode"):
+            value = OmegaConf.select(cfg, key, default=None)
+            if value is not None:
+                parts.append(str(value))
+    base = Path("outputs") / now.strftime("%Y-%m-%d") / "_".join(parts)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1000):  # two runs in the same second get distinct directories
+        path = base if attempt == 0 else base.with_name(f"{base.name}_{attempt}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a fresh run directory next to {base}")
 
 
 class RunDirConflict(GrammarRLError):

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from grammarrl.results import atomic_write, mean_std, predictions_name, write_json
+from grammarrl.atomic import atomic_write, write_json
+from grammarrl.results import mean_std, predictions_name
 from grammarrl.rloo import combine_rewards
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example

@@ -14,6 +14,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig
 
+from grammarrl.atomic import ResultsWriteError, atomic_write, write_jsonl
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
 from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
@@ -21,8 +22,8 @@ from grammarrl.errors import ConfigError, GrammarRLError, ModelError
 from grammarrl.models import add_lora, load_model, reference_mode
 from grammarrl.module import GrammarRLModule
 from grammarrl.progress import StepProgressBar
-from grammarrl.results import ResultsWriteError, atomic_write, config_dict, run_dir, write_jsonl
-from grammarrl.rundir import BOOKKEEPING, CONTINUABLE, describe, differing_keys
+from grammarrl.results import config_dict
+from grammarrl.rundir import BOOKKEEPING, CONTINUABLE, describe, differing_keys, run_dir
 from grammarrl.summary import write_summary
 from grammarrl.tracking import current_run, table_cell
 

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from grammarrl import evaluate as evaluate_module
+from grammarrl.atomic import write_json
 from grammarrl.evaluate import evaluate, run_eval
 from grammarrl.results import (
     REQUIRED_KEYS,
     build_results,
     mean_std,
     predictions_name,
-    run_dir,
-    write_json,
     write_results,
 )
+from grammarrl.rundir import run_dir
 from grammarrl.tasks import load_task
 from tests.conftest import compose_config
 

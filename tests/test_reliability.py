@@ -26,10 +26,11 @@ import pytest
 import torch
 
 import grammarrl.module
+from grammarrl.atomic import ResultsWriteError, write_json
 from grammarrl.data.sources import SAMPLES_DIR
 from grammarrl.errors import ConfigError, DataError, GrammarRLError, ModelError
 from grammarrl.module import NonFiniteLossError
-from grammarrl.results import ResultsWriteError, config_dict, write_json, write_results
+from grammarrl.results import config_dict, write_results
 from grammarrl.tasks import load_task
 from grammarrl.train import AtomicCheckpointIO, resolve_resume, run_train
 from tests.conftest import compose_config

@@ -39,7 +39,8 @@ from grammarrl.evaluate import (
     score_test_sets,
     sets_summary,
 )
-from grammarrl.results import adapter_name, build_results, mean_std, run_dir
+from grammarrl.results import adapter_name, build_results, mean_std
+from grammarrl.rundir import run_dir
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
 from grammarrl.tasks.base import Task
