@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from experiments import analysis, evidence, figures, tables
+from experiments import analysis, evidence, figures, paper_tables
 from experiments.runs import (
     BASELINE,
     GRAMMARRL,
@@ -27,7 +27,7 @@ from experiments.runs import (
     Sweep,
     load_sweep,
 )
-from experiments.table import Block, Cell, Row, Table, to_latex, to_markdown
+from experiments.table_format import Block, Cell, Row, Table, to_latex, to_markdown
 from grammarrl.tasks import gloss
 
 
@@ -78,30 +78,30 @@ def curves_figure(evals: Sequence[Evaluation], out: Path, name: str,
 
 
 def _first_model(evals: Sequence[Evaluation]) -> list[Evaluation]:
-    models = tables.models_of(evals)
+    models = paper_tables.models_of(evals)
     return [ev for ev in evals if models and ev.model == models[0]]
 
 
 def report_sweep(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
-    keys = tables.sweep_keys(evals)
-    return write_table(tables.sweep_table(evals), out) + curves_figure(
-        evals, out, "training_curves", lambda ev: tables.sweep_label(ev, keys))
+    keys = paper_tables.sweep_keys(evals)
+    return write_table(paper_tables.sweep_table(evals), out) + curves_figure(
+        evals, out, "training_curves", lambda ev: paper_tables.sweep_label(ev, keys))
 
 
 def report_main(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
-    written = write_table(tables.main_table(evals), out)
-    trained = [ev for ev in _first_model(evals) if tables.where(
-        GRAMMARRL, "greedy", rollout=tables.DEFAULT_ROLLOUT)(ev)]
+    written = write_table(paper_tables.main_table(evals), out)
+    trained = [ev for ev in _first_model(evals) if paper_tables.where(
+        GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev)]
     return written + curves_figure(trained, out, "training_curves",
-                                   lambda ev: f"λ={tables.lambda_label(ev.lam)}")
+                                   lambda ev: f"λ={paper_tables.lambda_label(ev.lam)}")
 
 
 def report_lambda(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
-    written = write_table(tables.lambda_table(evals), out)
+    written = write_table(paper_tables.lambda_table(evals), out)
     model_evals = _first_model(evals)
     trained = {ev.task: [] for ev in model_evals}
     for ev in model_evals:
-        if tables.where(GRAMMARRL, "greedy", rollout=tables.DEFAULT_ROLLOUT)(ev):
+        if paper_tables.where(GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev):
             trained[ev.task].append(ev)
     baselines = _baselines(args, model_evals)
     if trained.get("conll"):
@@ -138,8 +138,8 @@ def conll_empty_fields(trained: list[Evaluation], baselines: list[Evaluation],
     png = figures.against_lambda(points, [("empty", "gold fields left empty (%)"),
                                           ("f1", "micro-F1")], out / "conll_empty_fields.png",
                                  lines, title="CoNLL: empty-field errors and micro-F1 vs λ")
-    rows = [Row(tables.lambda_label(p.lam), [Cell(*p.values["empty"]), Cell(*p.values["f1"])])
-            for p in points]
+    rows = [Row(paper_tables.lambda_label(p.lam),
+                [Cell(*p.values["empty"]), Cell(*p.values["f1"])]) for p in points]
     base_rows = [Row(f"frozen ({name})", [Cell(lines["empty"][name]), Cell(lines["f1"][name])])
                  for name in lines["f1"]]
     table = Table("conll_empty_fields", "CoNLL: percentage of gold non-empty fields left empty, "
@@ -159,19 +159,20 @@ def gloss_trap_tokens(trained: list[Evaluation], out: Path) -> list[Path]:
             term: analysis.per_set_mean(rows, analysis.term_count(term)) for term in terms}))
     table = Table("gloss_trap_tokens", "Trap tokens in gloss predictions against λ: mean "
                   "occurrences per test set; bold: lowest.", ["λ", *terms[:-1], "bare X"],
-                  [Block([Row(tables.lambda_label(p.lam), [Cell(p.values[t][0]) for t in terms])
-                          for p in points])], best="min", digits=1).mark_best()
+                  [Block([Row(paper_tables.lambda_label(p.lam),
+                              [Cell(p.values[t][0]) for t in terms]) for p in points])],
+                  best="min", digits=1).mark_best()
     png = figures.against_lambda(points, [(t, f"{t} per test set") for t in terms],
                                  out / "gloss_trap_tokens.png", title="Gloss: trap tokens vs λ")
     return [*write_table(table, out), png]
 
 
 def report_rollout(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
-    return write_table(tables.rollout_table(evals), out)
+    return write_table(paper_tables.rollout_table(evals), out)
 
 
 def report_inference(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
-    return write_table(tables.inference_table(evals, args.num_sets), out)
+    return write_table(paper_tables.inference_table(evals, args.num_sets), out)
 
 
 def report_evidence2(sweep: Sweep, out: Path) -> list[Path]:
@@ -205,7 +206,7 @@ def aggregate(report: str, dirs: Sequence[str | Path], out: Path | None = None,
         found = [e for e in entries.values() if e is not None]
         if not found:
             raise AggregationError(f"{', '.join(map(str, dirs))}: no calibration results found")
-        written = write_table(tables.calibration_table(found), out)
+        written = write_table(paper_tables.calibration_table(found), out)
     elif report == "evidence2":
         finished = Run.finished.fget
         written = report_evidence2(sweep, out)

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments import analysis, figures, tables
+from experiments import analysis, figures, paper_tables
 from experiments.runs import BASELINE, GRAMMARRL, AggregationError, Evaluation, format_number
-from experiments.table import Block, Cell, Row, Table
+from experiments.table_format import Block, Cell, Row, Table
 from grammarrl.calibration import calibration_conditions, calibration_key, differences, entries
 from grammarrl.errors import GrammarRLError
 from grammarrl.results import mean_std
@@ -254,15 +254,16 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
     """Frozen greedy, frozen beam, Sample-Rerank, its paired Full IS selection, GrammarRL greedy
     (dev-chosen, and λ=0.5 N=3), and the searches with a trained proposal."""
     base = study.baselines
-    greedy = tables.pick(base, tables.where(BASELINE, "greedy"))
-    beam = tables.pick(base, tables.where(BASELINE, "beam"))
-    rerank = tables.pick(base, tables.where("search/rerank"))
+    greedy = paper_tables.pick(base, paper_tables.where(BASELINE, "greedy"))
+    beam = paper_tables.pick(base, paper_tables.where(BASELINE, "beam"))
+    rerank = paper_tables.pick(base, paper_tables.where("search/rerank"))
     width = beam.results.get("beam_width") if beam else None
     paired = ((rerank.results.get("selections") or {}).get("is", {}).get("scores")
               if rerank else None)
     trained = [r.greedy for r in study.train if r.greedy is not None]
-    is_reference = tables.where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
-    reference = tables.pick(trained, lambda ev: is_reference(ev) and ev.num_samples == REFERENCE_N)
+    is_reference = paper_tables.where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
+    reference = paper_tables.pick(
+        trained, lambda ev: is_reference(ev) and ev.num_samples == REFERENCE_N)
     rows = [
         system("frozen greedy", greedy, "greedy"),
         system(f"frozen beam({width})" if width else "frozen beam", beam),
@@ -288,7 +289,7 @@ def proposal_systems(study: Study) -> list[System]:
 
     rows = []
     for method, particles, adapter in sorted({key(ev) for ev in searches}):
-        ev = tables.pick(searches, lambda e, k=(method, particles, adapter): key(e) == k)
+        ev = paper_tables.pick(searches, lambda e, k=(method, particles, adapter): key(e) == k)
         name = f"{SEARCH_LABELS.get(method, method).removeprefix('Full ')}({particles})"
         if adapter:
             name += f" with the trained proposal ({_adapter_owner(study.train, adapter)})"

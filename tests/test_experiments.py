@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments import aggregate as agg
-from experiments import analysis, jobs, tables
+from experiments import analysis, jobs, paper_tables
 from experiments.runs import AggregationError, load_sweep
 from grammarrl.config import validate
 from tests.conftest import compose_config
@@ -159,7 +159,7 @@ def test_rollout_table_blocks(tmp_path: Path):
     root = tmp_path / "rollout"
     for n, b, s in ((3, 3, 0.5), (6, 3, 0.6), (9, 3, 0.55), (3, 5, 0.52), (3, 10, 0.4)):
         make_run(root, f"n{n}_b{b}", n=n, b=b, results={"results": [s, s]})
-    table = tables.rollout_table(load_sweep([root]).evaluations())
+    table = paper_tables.rollout_table(load_sweep([root]).evaluations())
     assert [b.title for b in table.blocks] == ["Sampled sequences N (B=3)", "Beam width B (N=3)"]
     assert [[r.label for r in b.rows] for b in table.blocks] == [["3", "6", "9"], ["3", "5", "10"]]
     assert [r.cells[0].bold for r in table.blocks[0].rows] == [False, True, False]
@@ -200,7 +200,7 @@ def test_inference_table_best_lambda_cost_and_first_sets(tmp_path: Path):
              extra_config={"search": {"method": "rerank"}})
     for lam, s in ((0.25, [0.62, 0.63, 0.1]), (0.5, [0.57, 0.58, 0.9]), (0.75, [0.5, 0.5, 0.5])):
         make_run(root, f"lam{lam}", lam=lam, results={"results": s}, eps=20.0)
-    table = tables.inference_table(load_sweep([root]).evaluations(), num_sets=2)
+    table = paper_tables.inference_table(load_sweep([root]).evaluations(), num_sets=2)
     rows = {r.label: r for r in table.rows()}
     assert rows["Constrained beam (B=3)"].cells[0].text == "≈3×"
     assert rows["Sample-Rerank"].cells[0].text == "≈10×"

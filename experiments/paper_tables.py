@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.runs import BASELINE, GRAMMARRL, AggregationError, Evaluation, format_number
-from experiments.table import Block, Cell, Row, Table
+from experiments.table_format import Block, Cell, Row, Table
 from grammarrl.tasks import task_label
 
 PAPER_TASK_ORDER = ("gloss", "wos", "conll")  # the paper's columns; other tasks follow by name
