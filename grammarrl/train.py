@@ -15,6 +15,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig
 
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
+from grammarrl.callbacks import RUN_RECORD, PhaseTimer, RecordSettings
 from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
@@ -79,22 +80,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             reason = getattr(err.__cause__, "strerror", None) or err.__cause__
             raise GrammarRLError(f"cannot write checkpoint {path}: {reason}; "
                                  "the previous checkpoint there is intact") from err.__cause__
-
-
-RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
-
-
-class RecordSettings(L.Callback):
-    """Store the run's resolved config and σ's in every checkpoint, so that a resume can be
-    checked against the settings the checkpoint was trained with."""
-
-    def __init__(self, cfg: DictConfig):
-        self.config = config_dict(cfg)
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        checkpoint[RUN_RECORD] = {"config": self.config,
-                                  "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse]}
 
 
 @dataclass(frozen=True)
@@ -222,7 +207,7 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
         gradient_clip_val=cfg.optim.grad_clip, val_check_interval=cfg.trainer.val_check_interval,
         check_val_every_n_epoch=None, num_sanity_val_steps=0,
         log_every_n_steps=cfg.trainer.log_every_n_steps, logger=build_loggers(cfg, out),
-        callbacks=[checkpoint, RecordSettings(cfg), StepProgressBar(), *extra],
+        callbacks=[checkpoint, RecordSettings(cfg), PhaseTimer(), StepProgressBar(), *extra],
         default_root_dir=str(out),
         enable_model_summary=False,
         plugins=[AtomicCheckpointIO()],

@@ -431,7 +431,7 @@ def test_empty_test_set_fails_before_training(copy_samples, tmp_path):
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
-    from grammarrl.train import RUN_RECORD
+    from grammarrl.callbacks import RUN_RECORD
 
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)

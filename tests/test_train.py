@@ -57,6 +57,21 @@ def test_logged_rewards_are_finite_and_metrics_kept(trained):
     assert len(samples) == 3 and len(samples[0]["candidates"]) == 4  # N=3 samples + beam
 
 
+def test_every_step_logs_its_time_per_phase(trained):
+    """PhaseTimer logs perf/<phase>_seconds each step: the module's phases and the trainer's,
+    and the step's total holds its phases."""
+    import csv
+
+    _, out, _ = trained
+    rows = list(csv.DictReader((out / "metrics" / "metrics.csv").read_text().splitlines()))
+    phases = ("rollout", "scoring", "policy", "backward", "optimizer")
+    timed = [r for r in rows if r.get("perf/step_seconds")]
+    assert len(timed) == 3
+    for row in timed:
+        parts = [float(row[f"perf/{phase}_seconds"]) for phase in phases]
+        assert all(p > 0 for p in parts) and sum(parts) <= float(row["perf/step_seconds"])
+
+
 def test_validation_curves_start_at_step_0_with_greedy_rewards(trained):
     """Validation runs before the first step (step 0) and every val_check_interval steps, and
     logs the reward of the greedy outputs under the reference next to F1 and empty fields."""
