@@ -40,7 +40,7 @@ def train_module(bench: Bench, steps: int, *overrides: str,
     from grammarrl.module import GrammarRLModule
     from grammarrl.tasks import load_task
 
-    cfg = bench.config(*STEP_OVERRIDES, f"optim.max_steps={steps}", *overrides)
+    cfg = bench.config(*STEP_OVERRIDES, f"trainer.max_steps={steps}", *overrides)
     L.seed_everything(cfg.seed, verbose=False)
     model, tokenizer = bench.load(cfg)
     task = load_task(cfg)
@@ -50,7 +50,7 @@ def train_module(bench: Bench, steps: int, *overrides: str,
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator, devices=1, max_steps=steps, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=cfg.optim.grad_clip,
+        num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=cfg.trainer.gradient_clip_val,
         callbacks=[timer])
     if record is not None:
         step_loss = module.step_loss

@@ -13,9 +13,9 @@ from tests.conftest import compose_config, train_in
 
 TINY_TRAIN = [
     "model=tiny", "task=conll", "data.dir=null", "logger=none",
-    "optim.max_steps=3", "optim.batch_size=2", "optim.lr=1e-3",
+    "trainer.max_steps=3", "optim.batch_size=2", "optim.lr=1e-3",
     "task.max_new_tokens=64", "task.dev_size=2",
-    "trainer.val_check_interval=2", "trainer.val_size=2", "trainer.checkpoint_every_n_steps=2",
+    "trainer.val_check_interval=2", "train.val_size=2", "train.checkpoint_every_n_steps=2",
     "eval.num_test_sets=2", "eval.test_size=2", "eval.batch_size=4",
 ]
 
