@@ -27,32 +27,36 @@ STEP_OVERRIDES = ("reward.sigma_direct=1.0", "reward.sigma_reverse=1.0", "optim.
 def run_steps(bench: Bench, steps: int, *overrides: str) -> list[dict[str, float]]:
     """Run `steps` real training steps (Lightning, LoRA policy, this config) and return each
     step's wall time per phase."""
-    return train_module(bench, steps, *overrides).phase_history
+    return train_module(bench, steps, *overrides)[1]
 
 
-def train_module(bench: Bench, steps: int, *overrides: str, record: list | None = None) -> Any:
-    """The GrammarRLModule after `steps` real training steps; `record` (if given) receives each
-    step's StepOutputs (rollouts, rewards, loss)."""
+def train_module(bench: Bench, steps: int, *overrides: str,
+                 record: list | None = None) -> tuple[Any, list[dict[str, float]]]:
+    """The GrammarRLModule after `steps` real training steps, and each step's wall time per
+    phase; `record` (if given) receives each step's StepOutputs (rollouts, rewards, loss)."""
+    from grammarrl.callbacks import PhaseTimer
     from grammarrl.datamodule import GrammarRLDataModule
     from grammarrl.models import add_lora
     from grammarrl.module import GrammarRLModule
     from grammarrl.tasks import load_task
 
-    cfg = bench.config(*STEP_OVERRIDES, f"optim.max_steps={steps}", *overrides)
+    cfg = bench.config(*STEP_OVERRIDES, f"trainer.max_steps={steps}", *overrides)
     L.seed_everything(cfg.seed, verbose=False)
     model, tokenizer = bench.load(cfg)
     task = load_task(cfg)
     module = GrammarRLModule(cfg, add_lora(model, cfg.lora), tokenizer, task,
                              cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    timer = PhaseTimer()
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator, devices=1, max_steps=steps, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=cfg.optim.grad_clip)
+        num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=cfg.trainer.gradient_clip_val,
+        callbacks=[timer])
     if record is not None:
         step_loss = module.step_loss
         module.step_loss = lambda batch: record.append(step_loss(batch)) or record[-1]
     trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task))
-    return module
+    return module, timer.history
 
 
 def median_phases(history: list[dict[str, float]], skip: int = 1) -> dict[str, float]:
@@ -117,8 +121,9 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     from grammarrl.models import reference_mode
 
     record: list = []
-    module = train_module(bench, steps, f"task={task_name}", "optim.batch_size=1", record=record)
-    step = module.phase_history[-1]
+    module, history = train_module(bench, steps, f"task={task_name}", "optim.batch_size=1",
+                                   record=record)
+    step = history[-1]
     rollouts = record[-1].rollouts
     prompt, group = rollouts.prompts[0], rollouts.groups[0]
     example = rollouts.examples[0]
@@ -271,10 +276,10 @@ def _memory_probe() -> None:
     record: list = []
     steps = (f"task={args.task}", f"optim.batch_size={args.batch_size}", "rollout.num_samples=3",
              "rollout.beam_width=3")
-    module = train_module(bench, 2, *steps, record=record)
+    _, history = train_module(bench, 2, *steps, record=record)
     peak_kb = peak_rss_kb()
     print(json.dumps({"max_rss_kb": peak_kb,
-                      "step_s": [h["step"] for h in module.phase_history],
+                      "step_s": [h["step"] for h in history],
                       "policy_tokens": [policy_tokens(out.rollouts) for out in record],
                       **planned(bench.config(*STEP_OVERRIDES, *steps), record, peak_kb)}))
 

@@ -68,7 +68,7 @@ def curves_figure(evals: Sequence[Evaluation], out: Path, name: str,
         if len(dev) < 2:
             print(f"note: {ev.run.path} was validated at {len(dev)} step(s), so {name}.png has "
                   f"no dev line for it (trainer.val_check_interval={ev.get('trainer.val_check_interval')}"
-                  f", optim.max_steps={ev.get('optim.max_steps')})", file=sys.stderr)
+                  f", trainer.max_steps={ev.get('trainer.max_steps')})", file=sys.stderr)
         if train or dev:
             curves.append(figures.Curve(ev.task, label(ev), train, dev))
             metric_names[ev.task] = ev.metric

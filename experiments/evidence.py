@@ -381,7 +381,8 @@ def training_sigmas(ev: Evaluation) -> Sigmas | None:
         return Sigmas(float(direct), float(reverse), "set in the run's config")
     checkpoint = ev.run.path / "checkpoints" / "last.ckpt"
     if checkpoint.is_file():
-        from grammarrl.train import RUN_RECORD, read_checkpoint  # lightning: only when needed
+        from grammarrl.callbacks import RUN_RECORD  # lightning: only when needed
+        from grammarrl.train import read_checkpoint
 
         try:
             record = read_checkpoint(checkpoint).get(RUN_RECORD) or {}

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grammarrl.results import mean_std, predictions_name
-from grammarrl.rundir import read_record
+from grammarrl.rundir import current_names, read_record
 
 RESULTS_GLOB = "results*.json"
 BASELINE = "baseline"
@@ -235,7 +235,8 @@ def load_run(path: Path) -> Run:
     if record is not None:
         config = OmegaConf.create(record["config"])
     elif (hydra_dir / "config.yaml").is_file():
-        config = OmegaConf.load(hydra_dir / "config.yaml")
+        config = OmegaConf.create(current_names(
+            OmegaConf.to_container(OmegaConf.load(hydra_dir / "config.yaml"))))
     else:
         raise AggregationError(f"{path}: neither .hydra/config.yaml nor {RESULTS_GLOB}")
     runtime = (yaml.safe_load(hydra_text or "") or {}).get("hydra", {}).get("runtime", {})

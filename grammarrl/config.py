@@ -95,9 +95,7 @@ class LoraSchema:
 class OptimSchema:
     lr: float = 7e-7
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
     batch_size: int = 8
-    max_steps: int = 1000
 
 
 @dataclass
@@ -108,6 +106,9 @@ class TrainSchema:
     resume: Any = "auto"
     eval_baseline: bool = False
     eval_beam: bool = False
+    val_size: int = 64
+    val_at_start: bool = True
+    checkpoint_every_n_steps: int = 50
 
 
 @dataclass
@@ -157,15 +158,20 @@ class RewardSchema:
 
 @dataclass
 class TrainerSchema:
+    """The `lightning.pytorch.Trainer` arguments a config may set (built by instantiate)."""
+
+    _target_: str = "lightning.pytorch.Trainer"
     accelerator: str = "auto"
     devices: Any = 1
-    strategy: str = "auto"
+    strategy: Any = "auto"
+    max_steps: int = 1000
+    gradient_clip_val: Any = 1.0
     val_check_interval: Any = 50
-    val_size: int = 64
-    val_at_start: bool = True
+    check_val_every_n_epoch: Any = None
+    num_sanity_val_steps: int = 0
     log_every_n_steps: int = 1
-    checkpoint_every_n_steps: int = 50
-    callbacks: Any = field(default_factory=dict)
+    enable_model_summary: bool = False
+    use_distributed_sampler: bool = False
 
 
 @dataclass
@@ -193,8 +199,16 @@ SCHEMAS: dict[str, type] = {
     "logger": LoggerSchema,
 }
 # Top-level keys that are not config groups.
-SCALARS = ("mode", "lambda", "beta", "seed", "device", "skip_completed", "overwrite", "cache_dir")
+SCALARS = ("mode", "lambda", "beta", "seed", "device", "skip_completed", "overwrite", "cache_dir",
+           "callbacks")
 
+
+# Keys that moved (old name -> name now): an override of the old name says where it went, and
+# configs recorded before are read under the names of now (`rundir.current_names`).
+MOVED = {"optim.max_steps": "trainer.max_steps", "optim.grad_clip": "trainer.gradient_clip_val",
+         "trainer.val_size": "train.val_size", "trainer.val_at_start": "train.val_at_start",
+         "trainer.checkpoint_every_n_steps": "train.checkpoint_every_n_steps",
+         "trainer.callbacks": "callbacks"}
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -240,7 +254,10 @@ def _similarity(key: str, known: str) -> float:
 
 
 def unknown_key_error(key: str) -> ConfigError:
-    """A ConfigError naming an unknown key and the closest known ones (difflib)."""
+    """A ConfigError naming an unknown key and the closest known ones (difflib), or where a
+    key that moved lives now."""
+    if key in MOVED:
+        return ConfigError(f"{key}: this key is now {MOVED[key]}")
     scores = {known: _similarity(key, known) for known in known_keys()}
     best = max(scores.values())
     closest = " or ".join([k for k, score in scores.items() if score == best][:3])
@@ -364,9 +381,12 @@ def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
     optim = typed["optim"]
     _check(optim.lr > 0, "optim.lr", optim.lr, "a number > 0")
     _check(optim.batch_size >= 1, "optim.batch_size", optim.batch_size, "an integer >= 1")
-    _check(optim.max_steps >= 1, "optim.max_steps", optim.max_steps, "an integer >= 1")
-    for name, spec in typed["trainer"].callbacks.items():
-        _check(isinstance(spec, Mapping) and "_target_" in spec, f"trainer.callbacks.{name}",
+    trainer = typed["trainer"]
+    _check(trainer.max_steps >= 1, "trainer.max_steps", trainer.max_steps, "an integer >= 1")
+    _check(isinstance(cfg.callbacks, Mapping), "callbacks", cfg.callbacks,
+           "a mapping {name: {_target_: module.Class, ...}}")
+    for name, spec in cfg.callbacks.items():
+        _check(isinstance(spec, Mapping) and "_target_" in spec, f"callbacks.{name}",
                spec, "a mapping with _target_ (the callback's class) and its arguments")
     lora = typed["lora"]
     _check(lora.r >= 1, "lora.r", lora.r, "an integer >= 1")

@@ -71,7 +71,7 @@ class GrammarRLDataModule(L.LightningDataModule):
         self.train = splits.train[:limit] if limit else splits.train
         if not self.train:
             raise DataError(f"task {self.task.name}: the training split is empty")
-        size = self.cfg.trainer.val_size
+        size = self.cfg.train.val_size
         self.val = (self.train[:size], splits.dev[:size])
 
     def transfer_batch_to_device(self, batch: list[Example], device, dataloader_idx: int):
@@ -80,7 +80,7 @@ class GrammarRLDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         sampler = StepBatchSampler(
-            len(self.train), self.cfg.optim.batch_size, self.cfg.seed, self.cfg.optim.max_steps,
+            len(self.train), self.cfg.optim.batch_size, self.cfg.seed, self.cfg.trainer.max_steps,
             start=trainer.global_step if trainer is not None else 0,  # restored when resuming
             rank=trainer.global_rank if trainer is not None else 0,
             world_size=trainer.world_size if trainer is not None else 1,

@@ -12,7 +12,6 @@ constrained by Outlines with that grammar, it decodes what our decoder does with
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,14 +21,14 @@ from omegaconf import DictConfig
 from grammarrl.atomic import write_json
 from grammarrl.chat import end_of_turn_id
 from grammarrl.results import config_dict
-from grammarrl.rundir import run_dir
+from grammarrl.rundir import read_record, run_dir
 
 log = logging.getLogger(__name__)
 
 GRAMMAR_FILE = "grammar.lark"
 EXAMPLE_FILE = "example_prompt.json"
 TRAINED_KEYS = ("lambda", "beta", "rollout.num_samples", "rollout.beam_width", "optim.lr",
-                "optim.batch_size", "optim.max_steps", "lora.r", "lora.alpha")
+                "optim.batch_size", "trainer.max_steps", "lora.r", "lora.alpha")
 
 
 def export_dir(cfg: DictConfig) -> Path:
@@ -38,15 +37,10 @@ def export_dir(cfg: DictConfig) -> Path:
 
 
 def training_record(adapter: Path) -> dict[str, Any] | None:
-    """The resolved config of the run that trained the adapter (its run directory's `job.json`,
+    """The resolved config of the run that trained the adapter (its run directory's record,
     the adapter's parent), or None when the adapter was copied elsewhere."""
-    path = adapter.resolve().parent / "job.json"
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    config = record.get("config")
-    return config if isinstance(config, dict) and record.get("mode") == "train" else None
+    record = read_record(adapter.resolve().parent)
+    return record["config"] if record is not None and record["mode"] == "train" else None
 
 
 def _lookup(config: dict[str, Any], dotted: str) -> Any:

@@ -114,7 +114,7 @@ class GrammarRLModule(L.LightningModule):
         self.strict_loading = False  # checkpoints hold only the adapter (trainable) weights
         self.samples: list[dict[str, Any]] = []
         self.last_checkpoint_step: int | None = None  # global step of the last checkpoint saved
-        self.phase_history: list[dict[str, float]] = []  # phase_seconds of every step run here
+        self.step_seconds: dict[str, float] = {}  # this step's rollout, scoring, policy times
         self.signal = SignalWatch()
 
     def setup(self, stage: str) -> None:
@@ -137,30 +137,6 @@ class GrammarRLModule(L.LightningModule):
             rows.append(torch.stack([lp.sum() for lp in token_logp]))
         return torch.stack(rows)
 
-    # Wall time per phase of a step, logged as perf/<phase>_seconds: rollout, scoring (the
-    # reference's direct and reverse passes), policy (log-probs with gradient), backward,
-    # optimizer, and step (all of it, as the trainer runs it).
-    def on_train_batch_start(self, batch: list[Example], batch_idx: int) -> None:
-        self.phase_seconds: dict[str, float] = {}
-        self._clock = {"step": time.perf_counter()}
-
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        self._clock["backward"] = time.perf_counter()
-
-    def on_after_backward(self) -> None:
-        self.phase_seconds["backward"] = time.perf_counter() - self._clock["backward"]
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._clock["optimizer"] = time.perf_counter()
-
-    def on_train_batch_end(self, outputs: Any, batch: list[Example], batch_idx: int) -> None:
-        now = time.perf_counter()
-        self.phase_seconds["optimizer"] = now - self._clock["optimizer"]
-        self.phase_seconds["step"] = now - self._clock["step"]
-        self.phase_history.append(dict(self.phase_seconds))
-        for phase in ("backward", "optimizer", "step"):
-            self.log(f"perf/{phase}_seconds", self.phase_seconds[phase], batch_size=1)
-
     def step_loss(self, batch: list[Example]) -> StepOutputs:
         """One RL step up to the loss: rollouts and reference scores without gradient, rewards,
         RLOO advantages, then log pi_theta with gradient from the same deterministic policy that
@@ -182,9 +158,7 @@ class GrammarRLModule(L.LightningModule):
 
     def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
         step = self.step_loss(batch)
-        self.phase_seconds.update(step.seconds)
-        for phase in ("rollout", "scoring", "policy"):
-            self.log(f"perf/{phase}_seconds", self.phase_seconds[phase], batch_size=1)
+        self.step_seconds = step.seconds  # logged with the trainer's phases by PhaseTimer
         if not torch.isfinite(step.loss).all():
             self._stop_on_nonfinite(step.loss, step.rewards, step.policy_logp)
         self._log_step(step.rollouts, step.rewards, step.advantages, step.loss, step.parts)

@@ -1,7 +1,7 @@
 """The training progress bars: one bar in optimizer steps with an ETA, one per validation slice.
 
 Lightning's default bar counts batches of an epoch ("Epoch 0/-2 ... 4/2" when training is
-bounded by steps); GrammarRL trains for `optim.max_steps` steps on a step-indexed sampler, so the
+bounded by steps); GrammarRL trains for `trainer.max_steps` steps on a step-indexed sampler, so the
 bar counts steps, starting where a resumed run left off.
 """
 

@@ -19,6 +19,7 @@ restored from the record, so the directory keeps describing its own outputs.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -26,12 +27,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import reduce
 from pathlib import Path
 from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
 from grammarrl.atomic import write_json
+from grammarrl.config import MOVED
 from grammarrl.errors import GrammarRLError
 from grammarrl.results import config_dict
 
@@ -45,10 +48,15 @@ SKIPPABLE_MODES = ("train", "eval", "search")
 BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume", "task._target_")
 # Keys a training run may change and still continue from its checkpoint (logged when changed).
 # Its σ's come from the checkpoint, so where the calibration file lives does not matter either.
-CONTINUABLE = ("optim.max_steps", "eval", "train.eval_baseline", "train.eval_beam",
+CONTINUABLE = ("trainer.max_steps", "eval", "train.eval_baseline", "train.eval_beam",
                "train.share_prefix", "train.gradient_checkpointing", "trainer.val_check_interval",
-               "trainer.val_size", "trainer.checkpoint_every_n_steps", "trainer.log_every_n_steps",
-               "cache_dir", "reward.calibration_file")
+               "train.val_size", "train.checkpoint_every_n_steps", "trainer.log_every_n_steps",
+               "trainer.enable_model_summary", "cache_dir", "reward.calibration_file")
+# Trainer arguments a config recorded before `trainer` built the Trainer did not hold: the
+# values the Trainer was built with then.
+TRAINER_BEFORE = {"_target_": "lightning.pytorch.Trainer", "check_val_every_n_epoch": None,
+                  "num_sanity_val_steps": 0, "enable_model_summary": False,
+                  "use_distributed_sampler": False}
 RESULTS = ("results*.json", "predictions*.jsonl")
 OUTPUTS = (*RESULTS, "checkpoints", "adapter", "metrics", "samples.jsonl", "calibration.json",
            "timing.json")
@@ -114,6 +122,23 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def current_names(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded config (nested dicts) under the key names of now (`MOVED`, `TRAINER_BEFORE`):
+    a run recorded before a key moved still compares, resumes, aggregates and exports."""
+    config = copy.deepcopy(dict(config))
+    for old, new in MOVED.items():
+        *parents, leaf = old.split(".")
+        node = reduce(lambda n, part: n.get(part) if isinstance(n, dict) else None, parents, config)
+        if isinstance(node, dict) and leaf in node:
+            value = node.pop(leaf)
+            *parents, leaf = new.split(".")
+            reduce(lambda n, part: n.setdefault(part, {}), parents, config).setdefault(leaf, value)
+    trainer = config.get("trainer")
+    if isinstance(trainer, dict) and "_target_" not in trainer:
+        config["trainer"] = {**TRAINER_BEFORE, **trainer}
+    return config
+
+
 def _under(key: str, prefixes: Sequence[str]) -> bool:
     return any(key == p or key.startswith(f"{p}.") for p in prefixes)
 
@@ -142,7 +167,7 @@ def read_record(out: Path) -> dict[str, Any] | None:
             continue
         config = data.get("config")
         if isinstance(config, dict):
-            return {"mode": data.get("mode", config.get("mode")), "config": config,
+            return {"mode": data.get("mode", config.get("mode")), "config": current_names(config),
                     "hydra_files": data.get("hydra_files", {}),
                     "resolved": data.get("resolved", {})}
     return None

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from grammarrl.atomic import ResultsWriteError, atomic_write, write_jsonl
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
+from grammarrl.callbacks import RUN_RECORD, PhaseTimer, RecordSettings
 from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
@@ -23,7 +24,14 @@ from grammarrl.models import add_lora, load_model, reference_mode
 from grammarrl.module import GrammarRLModule
 from grammarrl.progress import StepProgressBar
 from grammarrl.results import config_dict
-from grammarrl.rundir import BOOKKEEPING, CONTINUABLE, describe, differing_keys, run_dir
+from grammarrl.rundir import (
+    BOOKKEEPING,
+    CONTINUABLE,
+    current_names,
+    describe,
+    differing_keys,
+    run_dir,
+)
 from grammarrl.summary import write_summary
 from grammarrl.tracking import current_run, table_cell
 
@@ -82,22 +90,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                                  "the previous checkpoint there is intact") from err.__cause__
 
 
-RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
-
-
-class RecordSettings(L.Callback):
-    """Store the run's resolved config and σ's in every checkpoint, so that a resume can be
-    checked against the settings the checkpoint was trained with."""
-
-    def __init__(self, cfg: DictConfig):
-        self.config = config_dict(cfg)
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        checkpoint[RUN_RECORD] = {"config": self.config,
-                                  "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse]}
-
-
 @dataclass(frozen=True)
 class Resume:
     """A checkpoint this run continues from."""
@@ -129,17 +121,17 @@ def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
         raise ConfigError(f"train.resume={cfg.train.resume}: {path} records no training settings "
                           "(written by an older GrammarRL), so the resume cannot be checked; "
                           "train.resume=null starts afresh")
-    new = config_dict(cfg)
-    changed = differing_keys(record["config"], new, ignore=(*BOOKKEEPING, *CONTINUABLE))
+    old, new = current_names(record["config"]), config_dict(cfg)
+    changed = differing_keys(old, new, ignore=(*BOOKKEEPING, *CONTINUABLE))
     if changed:
         raise ConfigError(
             f"train.resume={cfg.train.resume}: {path} was trained with other settings: "
-            f"{describe(record['config'], new, changed)}; resume with the same settings, or "
+            f"{describe(old, new, changed)}; resume with the same settings, or "
             "start afresh (train.resume=null, in a new directory)")
-    if cfg.optim.max_steps < step:
-        raise ConfigError(f"optim.max_steps={cfg.optim.max_steps} is below the {step} steps "
-                          f"{path} already holds: resume with optim.max_steps >= {step}")
-    changes = describe(record["config"], new, differing_keys(record["config"], new))
+    if cfg.trainer.max_steps < step:
+        raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps} is below the {step} steps "
+                          f"{path} already holds: resume with trainer.max_steps >= {step}")
+    changes = describe(old, new, differing_keys(old, new))
     return Resume(path, step, tuple(record["sigmas"]), changes)
 
 
@@ -209,25 +201,20 @@ def trainer_placement(cfg: DictConfig) -> tuple[str, Any]:
 
 
 def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
-    """A Lightning Trainer from the trainer/optim config groups."""
+    """The Lightning Trainer of `cfg.trainer` (Hydra `_target_`), placed where the model is,
+    with the run's loggers, checkpoints (atomic writes), callbacks and those of `callbacks`."""
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
-                                 every_n_train_steps=cfg.trainer.checkpoint_every_n_steps)
+                                 every_n_train_steps=cfg.train.checkpoint_every_n_steps)
     accelerator, devices = trainer_placement(cfg)
-    extra = [instantiate(spec) for spec in cfg.trainer.callbacks.values()]  # Hydra _target_s
-    return L.Trainer(
-        accelerator=accelerator, devices=devices,
-        strategy=cfg.trainer.strategy, max_steps=cfg.optim.max_steps,
-        gradient_clip_val=cfg.optim.grad_clip, val_check_interval=cfg.trainer.val_check_interval,
-        check_val_every_n_epoch=None, num_sanity_val_steps=0,
-        log_every_n_steps=cfg.trainer.log_every_n_steps, logger=build_loggers(cfg, out),
-        callbacks=[checkpoint, RecordSettings(cfg), StepProgressBar(), *extra],
-        default_root_dir=str(out),
-        enable_model_summary=False,
-        plugins=[AtomicCheckpointIO()],
-        use_distributed_sampler=False,  # the step-indexed batch sampler already splits by rank
+    extra = [instantiate(spec) for spec in cfg.callbacks.values()]
+    trainer = instantiate(cfg.trainer, _partial_=True)  # the run's objects added as they are
+    return trainer(
+        accelerator=accelerator, devices=devices, logger=build_loggers(cfg, out),
+        callbacks=[checkpoint, RecordSettings(cfg), PhaseTimer(), StepProgressBar(), *extra],
+        default_root_dir=str(out), plugins=[AtomicCheckpointIO()],
     )
 
 
@@ -252,7 +239,7 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
     trainer = build_trainer(cfg, out)
     datamodule = GrammarRLDataModule(cfg, task)
-    if resume is None and cfg.trainer.val_at_start:
+    if resume is None and cfg.train.val_at_start:
         trainer.validate(module, datamodule=datamodule, verbose=False)  # the curves' step 0
     # Our checkpoints hold RNG and sampler states besides tensors: load them in full.
     resume_args = ({"ckpt_path": str(resume.path), "weights_only": False}

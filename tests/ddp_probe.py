@@ -1,4 +1,4 @@
-"""A Lightning callback for the DDP tests (`trainer.callbacks`): each rank appends, per step, the
+"""A Lightning callback for the DDP tests (`callbacks`): each rank appends, per step, the
 inputs it trained on, a digest of its sampling stream before the step and of its adapter after
 the optimizer step, to `<out>/rank<r>.jsonl`."""
 

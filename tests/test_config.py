@@ -32,7 +32,7 @@ def test_per_task_paper_defaults(task, lr, batch, new_tokens):
     assert cfg.optim.lr == pytest.approx(lr)
     assert cfg.optim.batch_size == batch
     assert cfg.task.max_new_tokens == new_tokens
-    assert cfg.optim.max_steps == 1000
+    assert cfg.trainer.max_steps == 1000
 
 
 def test_paper_sigma_table_is_in_config():
@@ -136,7 +136,8 @@ def test_bad_values_are_refused_before_any_model_loads(overrides, key, tmp_path,
     "args, line",
     [
         (["--cfg", "job", "+optim.maxsteps=1"],
-         "optim.maxsteps: unknown config key (did you mean optim.max_steps?)"),
+         "optim.maxsteps: unknown config key (did you mean task.max_steps or trainer.max_steps?)"),
+        (["optim.max_steps=2"], "optim.max_steps: this key is now trainer.max_steps"),
         (["+nonsense=1"], "nonsense: unknown config key (no known key is close"),
         (["+lamda=0.3"], "lamda: unknown config key (did you mean lambda?)"),
         (["mode=search", "search.adapter=/x"],

@@ -439,9 +439,9 @@ def test_unlabelled_data_trains_and_reports_the_metric_unavailable(tmp_path, mon
     write_jsonl(tmp_path / "train.jsonl", [{"text": f"ticket {i} for order {i}"} for i in range(40)])
     spec = spec_file(tmp_path, json_schema=None, regex=REGEX, output_field=None, num_fewshot=0,
                      name="codes")
-    cfg = config(spec, "logger=none", "optim.max_steps=2", "optim.batch_size=2",
+    cfg = config(spec, "logger=none", "trainer.max_steps=2", "optim.batch_size=2",
                  "task.max_new_tokens=8", "task.dev_size=2", "trainer.val_check_interval=2",
-                 "trainer.val_size=2", "trainer.checkpoint_every_n_steps=2",
+                 "train.val_size=2", "train.checkpoint_every_n_steps=2",
                  "eval.num_test_sets=1", "eval.test_size=3", "eval.batch_size=4",
                  f"reward.calibration_file={tmp_path}/calibration.json")
     validate(cfg)

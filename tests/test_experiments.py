@@ -276,7 +276,7 @@ def test_a_run_validated_once_is_named_with_the_settings_that_caused_it(tmp_path
     agg.aggregate("sweep", [root])
     err = capsys.readouterr().err
     assert "validated at 1 step(s)" in err
-    assert "trainer.val_check_interval=50, optim.max_steps=2" in err
+    assert "trainer.val_check_interval=50, trainer.max_steps=2" in err
 
 
 # --- sweeps and launchers ---------------------------------------------------------------------
@@ -319,7 +319,7 @@ def test_variants_and_rollouts_land_in_the_job_config():
         ("8b", 3, 3)]
     assert {c.mode for c in cal} == {"calibrate"}
     cpu = jobs.compose_job(jobs.expand(["+experiment=ablation_lambda_cpu"])[0])
-    assert (cpu.model.name, cpu.task.name, cpu.optim.max_steps) == ("smollm2", "conll", 8)
+    assert (cpu.model.name, cpu.task.name, cpu.trainer.max_steps) == ("smollm2", "conll", 8)
 
 
 def test_command_line_sweeps_override_the_experiment():

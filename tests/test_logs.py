@@ -50,7 +50,7 @@ def test_a_training_job_console_shows_each_message_once_and_counts_steps(tmp_pat
 
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
     done = subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", "+experiment=tiny_scale", "optim.max_steps=3",
+        [sys.executable, "-m", "grammarrl.run", "+experiment=tiny_scale", "trainer.max_steps=3",
          "eval.num_test_sets=1", f"hydra.run.dir={tmp_path}"],
         cwd=Path(__file__).resolve().parents[1], env={**env, "OMP_NUM_THREADS": "1"},
         capture_output=True, text=True, check=False)
@@ -60,7 +60,7 @@ def test_a_training_job_console_shows_each_message_once_and_counts_steps(tmp_pat
     assert "GPU available" not in console and "Seed set to" not in console  # noise dropped
     assert "Loading weights" not in console and "wandb:" not in console
     assert console.count("No data directory set") == 1  # said once, where the data comes from
-    assert "train: 100%" in console and "3/3" in console  # steps of optim.max_steps
+    assert "train: 100%" in console and "3/3" in console  # steps of trainer.max_steps
     assert "Epoch 0" not in console and "v_num" not in console
     assert "validate dev" in console and "validate train" in console
     assert "`weights_only` was not set" not in console

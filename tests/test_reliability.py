@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = [
     "model=tiny", "task=conll", "data.dir=null", "logger=none", "optim.batch_size=2",
     "optim.lr=1e-3", "task.max_new_tokens=64", "task.dev_size=2", "reward.sigma_direct=1",
-    "reward.sigma_reverse=1", "trainer.checkpoint_every_n_steps=1",
-    "trainer.val_check_interval=100", "trainer.val_size=2", "eval.num_test_sets=1",
+    "reward.sigma_reverse=1", "train.checkpoint_every_n_steps=1",
+    "trainer.val_check_interval=100", "train.val_size=2", "eval.num_test_sets=1",
     "eval.test_size=2", "data.limit_train=4",
 ]
 
@@ -130,7 +130,7 @@ def test_failure_record_is_removed_once_the_job_succeeds(tmp_path):
 
 
 # ----- no result is ever shown under settings it was not produced with -------------------------
-TINY_SWEEP = ["+experiment=tiny_scale", "optim.max_steps=1", "eval.num_test_sets=1"]
+TINY_SWEEP = ["+experiment=tiny_scale", "trainer.max_steps=1", "eval.num_test_sets=1"]
 
 
 def sweep_labels(sweep_dir: Path) -> list[str]:
@@ -207,6 +207,33 @@ def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tm
     assert sweep_labels(sweep_dir) == ["λ=0.25", "λ=0.75"]
 
 
+def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
+    """A job.json written when max_steps, grad_clip and the validation keys lived in optim and
+    trainer (and trainer held no Trainer defaults) reads under today's names: the same job is
+    skipped, and a changed setting is still named."""
+    from grammarrl import rundir
+
+    cfg = compose_config(["model=tiny", "mode=train", "logger=none"])
+    rundir.commit(cfg, tmp_path, rundir.Plan())
+    write_json(tmp_path / "results.json", {"mean": 0.5})
+    record = json.loads((tmp_path / "job.json").read_text())
+    config = record["config"]
+    trainer, train = config["trainer"], config["train"]
+    config["optim"]["max_steps"] = trainer.pop("max_steps")
+    config["optim"]["grad_clip"] = trainer.pop("gradient_clip_val")
+    for key in ("val_size", "val_at_start", "checkpoint_every_n_steps"):
+        trainer[key] = train.pop(key)
+    trainer["callbacks"] = config.pop("callbacks")
+    for key in rundir.TRAINER_BEFORE:
+        del trainer[key]
+    write_json(tmp_path / "job.json", record)
+    assert rundir.plan_job(cfg, tmp_path).done == {"mean": 0.5}
+    config["optim"]["max_steps"] = 7
+    write_json(tmp_path / "job.json", record)
+    plan = rundir.plan_job(cfg, tmp_path)  # more steps: the training run continues
+    assert plan.done is None and tmp_path / "results.json" in plan.remove
+
+
 @pytest.mark.parametrize("where", ["record", "results"])
 def test_outputs_of_a_machine_where_auto_resolved_otherwise_are_not_reused(tmp_path, where):
     """`model.dtype=auto` is bfloat16 on a CPU with native bf16 and float32 elsewhere: results
@@ -248,19 +275,19 @@ def test_run_dir_holds_one_job_and_training_continues_with_more_steps(tmp_path):
     assert (run / "results.json").read_bytes() == results
     assert "mode: train" in (run / ".hydra" / "config.yaml").read_text()
 
-    more = cli(*train, "optim.max_steps=2")
+    more = cli(*train, "trainer.max_steps=2")
     text = more.stdout + more.stderr
     assert more.returncode == 0, text[-3000:]
-    assert "Continuing the training run" in text and "optim.max_steps=1 (now 2)" in text
+    assert "Continuing the training run" in text and "trainer.max_steps=1 (now 2)" in text
     assert "Resuming from" in text and "(1 steps done)" in text
     assert json.loads((run / "results.json").read_text())["config"]["optim"]["max_steps"] == 2
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
-    same = cli(*train, "optim.max_steps=2")
+    same = cli(*train, "trainer.max_steps=2")
     assert "Skipping this job" in same.stdout + same.stderr
 
 
 def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monkeypatch, caplog):
-    out, results = train_in(tmp_path, ["optim.max_steps=2"])
+    out, results = train_in(tmp_path, ["trainer.max_steps=2"])
     assert isinstance(results, dict), results
     ckpt = f"train.resume={out / 'checkpoints' / 'last.ckpt'}"
 
@@ -280,17 +307,17 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monke
             "data.split_seed=0 (now 1)"),
     }
     for overrides, named in refused.items():
-        _, err = train_in(tmp_path, ["optim.max_steps=3", ckpt, *overrides])
+        _, err = train_in(tmp_path, ["trainer.max_steps=3", ckpt, *overrides])
         assert isinstance(err, ConfigError) and str(err).startswith("train.resume="), err
         assert all(name in str(err) for name in named), err
-    _, err = train_in(tmp_path, ["optim.max_steps=1", ckpt])
-    assert isinstance(err, ConfigError) and "optim.max_steps=1 is below the 2 steps" in str(err)
+    _, err = train_in(tmp_path, ["trainer.max_steps=1", ckpt])
+    assert isinstance(err, ConfigError) and "trainer.max_steps=1 is below the 2 steps" in str(err)
 
     monkeypatch.undo()
     with caplog.at_level(logging.INFO):
-        _, extended = train_in(tmp_path, ["optim.max_steps=3", ckpt])
+        _, extended = train_in(tmp_path, ["trainer.max_steps=3", ckpt])
     assert isinstance(extended, dict), extended
-    assert "(2 steps done); changed since: optim.max_steps=2 (now 3)" in caplog.text
+    assert "(2 steps done); changed since: trainer.max_steps=2 (now 3)" in caplog.text
 
 
 def test_hub_model_out_of_reach_is_one_line_naming_model_path(tmp_path):
@@ -426,13 +453,13 @@ def test_unknown_config_keys_are_refused_with_their_name(tmp_path):
 
 def test_empty_test_set_fails_before_training(copy_samples, tmp_path):
     (copy_samples / "conll2003" / "test.txt").write_text("")
-    out, err = train_in(tmp_path, [f"data.dir={copy_samples}", "optim.max_steps=1"])
+    out, err = train_in(tmp_path, [f"data.dir={copy_samples}", "trainer.max_steps=1"])
     assert isinstance(err, DataError) and "the test pool is empty" in str(err)
     assert not (out / "checkpoints").exists()  # nothing was trained and lost
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
-    from grammarrl.train import RUN_RECORD
+    from grammarrl.callbacks import RUN_RECORD
 
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
@@ -458,7 +485,7 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path,
         return (loss * float("nan") if len(calls) == 3 else loss), parts
 
     monkeypatch.setattr(grammarrl.module, "grammarrl_loss", loss_nan_at_third_step)
-    out, err = train_in(tmp_path, ["optim.max_steps=4"])
+    out, err = train_in(tmp_path, ["trainer.max_steps=4"])
     assert isinstance(err, NonFiniteLossError), err
     message = str(err)
     assert "the loss is nan at step 3 (global_step 2)" in message
@@ -470,14 +497,14 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path,
 
     # A checkpoint of another base model size is refused, naming the setting that differs.
     monkeypatch.undo()
-    _, mismatch = train_in(tmp_path, ["optim.max_steps=4", "model.hidden_size=32",
+    _, mismatch = train_in(tmp_path, ["trainer.max_steps=4", "model.hidden_size=32",
                                       f"train.resume={out / 'checkpoints' / 'last.ckpt'}"])
     assert isinstance(mismatch, ConfigError), mismatch
     assert "model.hidden_size=64 (now 32)" in str(mismatch)
 
 
 def test_truncated_candidates_are_flagged_not_fatal(tmp_path):
-    out, results = train_in(tmp_path, ["optim.max_steps=2", "task.max_new_tokens=2"])
+    out, results = train_in(tmp_path, ["trainer.max_steps=2", "task.max_new_tokens=2"])
     assert isinstance(results, dict), results
     with open(out / "metrics" / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))

@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
 TINY_RUN = [
-    "model=tiny", "task=conll", "data.dir=null", "logger=none", f"optim.max_steps={STEPS}",
+    "model=tiny", "task=conll", "data.dir=null", "logger=none", f"trainer.max_steps={STEPS}",
     "optim.batch_size=2", "optim.lr=1e-3", "task.max_new_tokens=64", "task.dev_size=2",
-    "reward.sigma_direct=1", "reward.sigma_reverse=1", "trainer.checkpoint_every_n_steps=1",
-    "trainer.val_check_interval=2", "trainer.val_size=2", "eval.num_test_sets=1",
+    "reward.sigma_direct=1", "reward.sigma_reverse=1", "train.checkpoint_every_n_steps=1",
+    "trainer.val_check_interval=2", "train.val_size=2", "eval.num_test_sets=1",
     "eval.test_size=2", "data.limit_train=6",  # 3 batches per pass: the run crosses passes
 ]
 

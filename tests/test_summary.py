@@ -18,9 +18,9 @@ from tests.conftest import compose_config, train_in
 SPEC = "examples/support_tickets/task.yaml"
 TINY_TICKETS = [
     "model=tiny", "task=custom", f"task.spec={SPEC}", "logger=none",
-    "optim.max_steps=2", "optim.batch_size=1", "optim.lr=1e-3", "task.max_new_tokens=48",
-    "task.dev_size=2", "trainer.val_check_interval=2", "trainer.val_size=2",
-    "trainer.checkpoint_every_n_steps=2", "eval.num_test_sets=2", "eval.test_size=3",
+    "trainer.max_steps=2", "optim.batch_size=1", "optim.lr=1e-3", "task.max_new_tokens=48",
+    "task.dev_size=2", "trainer.val_check_interval=2", "train.val_size=2",
+    "train.checkpoint_every_n_steps=2", "eval.num_test_sets=2", "eval.test_size=3",
     "eval.batch_size=4", "train.eval_baseline=true", "eval.score_rewards=true", "lambda=0.75",
 ]
 

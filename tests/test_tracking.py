@@ -21,7 +21,7 @@ def run_job(run_dir: Path, *overrides: str) -> Path:
     env.update(OMP_NUM_THREADS="1", WANDB_MODE="offline")
     done = subprocess.run(
         [sys.executable, "-m", "grammarrl.run", "+experiment=tiny_scale", "logger=wandb",
-         "optim.max_steps=2", f"hydra.run.dir={run_dir}", *overrides],
+         "trainer.max_steps=2", f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     (wandb_run,) = (run_dir / "wandb").glob("offline-run-*")

@@ -13,9 +13,9 @@ from tests.conftest import compose_config, train_in
 
 TINY_TRAIN = [
     "model=tiny", "task=conll", "data.dir=null", "logger=none",
-    "optim.max_steps=3", "optim.batch_size=2", "optim.lr=1e-3",
+    "trainer.max_steps=3", "optim.batch_size=2", "optim.lr=1e-3",
     "task.max_new_tokens=64", "task.dev_size=2",
-    "trainer.val_check_interval=2", "trainer.val_size=2", "trainer.checkpoint_every_n_steps=2",
+    "trainer.val_check_interval=2", "train.val_size=2", "train.checkpoint_every_n_steps=2",
     "eval.num_test_sets=2", "eval.test_size=2", "eval.batch_size=4",
 ]
 
@@ -55,6 +55,21 @@ def test_logged_rewards_are_finite_and_metrics_kept(trained):
     assert any(r.get("val/dev_micro_f1") for r in rows)
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 and len(samples[0]["candidates"]) == 4  # N=3 samples + beam
+
+
+def test_every_step_logs_its_time_per_phase(trained):
+    """PhaseTimer logs perf/<phase>_seconds each step: the module's phases and the trainer's,
+    and the step's total holds its phases."""
+    import csv
+
+    _, out, _ = trained
+    rows = list(csv.DictReader((out / "metrics" / "metrics.csv").read_text().splitlines()))
+    phases = ("rollout", "scoring", "policy", "backward", "optimizer")
+    timed = [r for r in rows if r.get("perf/step_seconds")]
+    assert len(timed) == 3
+    for row in timed:
+        parts = [float(row[f"perf/{phase}_seconds"]) for phase in phases]
+        assert all(p > 0 for p in parts) and sum(parts) <= float(row["perf/step_seconds"])
 
 
 def test_validation_curves_start_at_step_0_with_greedy_rewards(trained):

@@ -1,0 +1,63 @@
+"""Lightning callbacks of a training run: per-phase step timing, and the run's settings in
+every checkpoint (the progress bar is `grammarrl.progress.StepProgressBar`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig
+
+from grammarrl.results import config_dict
+
+RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
+
+
+class PhaseTimer(L.Callback):
+    """Wall time per phase of every training step, logged as `perf/<phase>_seconds`: the
+    module's own phases (rollout, scoring and policy, from `GrammarRLModule.step_seconds`),
+    then backward, optimizer, and step (all of it, as the trainer runs it). `history` holds
+    each step's timings, in order."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, float]] = []
+        self._clock: dict[str, float] = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._clock = {"step": time.perf_counter()}
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           loss: torch.Tensor) -> None:
+        self._clock["backward"] = time.perf_counter()
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._clock["backward"] = time.perf_counter() - self._clock["backward"]
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        self._clock["optimizer"] = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.perf_counter()
+        seconds = {**pl_module.step_seconds, "backward": self._clock["backward"],
+                   "optimizer": now - self._clock["optimizer"], "step": now - self._clock["step"]}
+        self.history.append(seconds)
+        for phase, value in seconds.items():
+            pl_module.log(f"perf/{phase}_seconds", value, batch_size=1)
+
+
+class RecordSettings(L.Callback):
+    """Store the run's resolved config and σ's in every checkpoint, so that a resume can be
+    checked against the settings the checkpoint was trained with."""
+
+    def __init__(self, cfg: DictConfig):
+        self.config = config_dict(cfg)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_RECORD] = {"config": self.config,
+                                  "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse]}
