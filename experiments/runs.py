@@ -68,7 +68,7 @@ class Evaluation:
         config = self.results.get("config")
         if not isinstance(config, dict) or not config:
             return self.run.get(key, default)
-        value: Any = config
+        value: Any = current_names(config)
         for part in key.split("."):
             if not isinstance(value, dict) or part not in value:
                 return default

@@ -30,6 +30,8 @@ LOGGER_MODES = ("offline", "online", "disabled")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
 
+# The schemas give each key its type; the values, defaults included, live in conf/ (the one
+# source of truth). A field with a default is one that only some configs of its group set.
 @dataclass
 class TaskSchema:
     name: str
@@ -42,7 +44,7 @@ class TaskSchema:
     max_steps: int
     lr: float
     max_new_tokens: int
-    test_fraction: float = 0.5  # share of a single labelled pool (WoS) kept as the test pool
+    test_fraction: Any = None  # one labelled pool (WoS, custom): the share kept as the test pool
     _target_: Any = None  # the Task class (grammarrl/tasks/__init__.py: the registry)
     sigmas: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     # task=custom only (conf/task/custom.yaml documents them; grammarrl/tasks/custom.py)
@@ -66,121 +68,123 @@ class TaskSchema:
 class ModelSchema:
     name: str
     source: str
+    dtype: str
     path: Any = None
-    dtype: str = "auto"
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 128
-    init_seed: int = 0
+    # model=tiny only: the random small Llama's shape and seed
+    hidden_size: Any = None
+    num_layers: Any = None
+    num_heads: Any = None
+    intermediate_size: Any = None
+    init_seed: Any = None
 
 
 @dataclass
 class RolloutSchema:
-    num_samples: int = 3
-    beam_width: int = 3
-    temperature: float = 1.0
-    length_penalty: float = 1.0
+    num_samples: int
+    beam_width: int
+    temperature: float
+    length_penalty: float
 
 
 @dataclass
 class LoraSchema:
-    r: int = 64
-    alpha: int = 128
-    dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=list)
+    r: int
+    alpha: int
+    dropout: float
+    target_modules: list[str]
 
 
 @dataclass
 class OptimSchema:
-    lr: float = 7e-7
-    weight_decay: float = 0.0
-    batch_size: int = 8
+    lr: float
+    weight_decay: float
+    batch_size: int
 
 
 @dataclass
 class TrainSchema:
-    share_prefix: bool = True
-    gradient_checkpointing: bool = False
-    policy_dropout: bool = False
-    resume: Any = "auto"
-    eval_baseline: bool = False
-    eval_beam: bool = False
-    val_size: int = 64
-    val_at_start: bool = True
-    checkpoint_every_n_steps: int = 50
+    share_prefix: bool
+    gradient_checkpointing: bool
+    policy_dropout: bool
+    resume: Any
+    eval_baseline: bool
+    eval_beam: bool
+    val_size: int
+    val_at_start: bool
+    checkpoint_every_n_steps: int
 
 
 @dataclass
 class EvalSchema:
-    decoding: str = "greedy"
-    beam_width: int = 3
-    length_penalty: float = 1.0
-    num_test_sets: int = 10
-    test_size: int = 2000
-    batch_size: int = 8
-    adapter: Any = None
-    score_rewards: bool = False
+    decoding: str
+    beam_width: int
+    length_penalty: float
+    num_test_sets: int
+    test_size: int
+    batch_size: int
+    adapter: Any
+    score_rewards: bool
 
 
 @dataclass
 class ExportSchema:
-    dir: Any = None
+    dir: Any
 
 
 @dataclass
 class SearchSchema:
-    method: str = "is"
-    particles: int = 10
-    potential: Any = None
-    ess_threshold: float = 1 / 3
-    temperature: float = 1.0
-    batch_size: int = 1
-    posterior_draws: int = 20
-    greedy_baseline: bool = True
+    method: str
+    particles: int
+    potential: Any
+    ess_threshold: float
+    temperature: float
+    batch_size: int
+    posterior_draws: int
+    greedy_baseline: bool
 
 
 @dataclass
 class DataSchema:
-    dir: Any = None
-    source: str = "local"
-    limit_train: Any = None
-    split_seed: int = 0
-    embedder: str = "all-MiniLM-L6-v2"
+    dir: Any
+    source: str
+    limit_train: Any
+    split_seed: int
+    embedder: str
 
 
 @dataclass
 class RewardSchema:
-    sigma_direct: Any = None
-    sigma_reverse: Any = None
-    calibration_file: str = "calibration.json"
+    sigma_direct: Any
+    sigma_reverse: Any
+    calibration_file: str
 
 
 @dataclass
 class TrainerSchema:
     """The `lightning.pytorch.Trainer` arguments a config may set (built by instantiate)."""
 
-    _target_: str = "lightning.pytorch.Trainer"
-    accelerator: str = "auto"
-    devices: Any = 1
-    strategy: Any = "auto"
-    max_steps: int = 1000
-    gradient_clip_val: Any = 1.0
-    val_check_interval: Any = 50
-    check_val_every_n_epoch: Any = None
-    num_sanity_val_steps: int = 0
-    log_every_n_steps: int = 1
-    enable_model_summary: bool = False
-    use_distributed_sampler: bool = False
+    _target_: str
+    accelerator: str
+    devices: Any
+    strategy: Any
+    max_steps: int
+    gradient_clip_val: Any
+    val_check_interval: Any
+    check_val_every_n_epoch: Any
+    num_sanity_val_steps: int
+    log_every_n_steps: int
+    enable_model_summary: bool
+    use_distributed_sampler: bool
 
 
 @dataclass
 class LoggerSchema:
-    name: str = "none"
+    name: str
+    # logger=wandb only
     project: Any = None
-    mode: str = "offline"
+    mode: Any = None
     group: Any = None
-    tags: list[str] = field(default_factory=list)
+    tags: Any = None
 
 
 SCHEMAS: dict[str, type] = {
@@ -342,13 +346,18 @@ def validate(cfg: DictConfig) -> None:
 
     check_task_keys(cfg)  # a custom task: its spec file merged into cfg.task, then checked
     typed = {group: _typed(group, cfg[group]) for group in SCHEMAS}
+    missing = [f"{group}.{key}" for group, node in typed.items()
+               for key in sorted(OmegaConf.missing_keys(node))]
+    if missing:
+        raise ConfigError(f"{missing[0]}: no value (the composed config lacks it; conf/ gives "
+                          "every key its default)")
     _check_scalars(cfg)
     _check_task_and_model(typed["task"], typed["model"])
     _check_training(cfg, typed)
     _check_evaluation(cfg.mode, typed["eval"], typed["search"])
     logger = typed["logger"]
     _check(logger.name in LOGGERS, "logger", logger.name, f"one of {', '.join(LOGGERS)}")
-    _check(logger.mode in LOGGER_MODES, "logger.mode", logger.mode,
+    _check(logger.name != "wandb" or logger.mode in LOGGER_MODES, "logger.mode", logger.mode,
            f"one of {', '.join(LOGGER_MODES)}")
     _check_devices(cfg)
     resume_setting(cfg.train.resume)

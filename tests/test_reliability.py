@@ -280,7 +280,7 @@ def test_run_dir_holds_one_job_and_training_continues_with_more_steps(tmp_path):
     assert more.returncode == 0, text[-3000:]
     assert "Continuing the training run" in text and "trainer.max_steps=1 (now 2)" in text
     assert "Resuming from" in text and "(1 steps done)" in text
-    assert json.loads((run / "results.json").read_text())["config"]["optim"]["max_steps"] == 2
+    assert json.loads((run / "results.json").read_text())["config"]["trainer"]["max_steps"] == 2
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
     same = cli(*train, "trainer.max_steps=2")
     assert "Skipping this job" in same.stdout + same.stderr
