@@ -103,7 +103,7 @@ def test_calibration_log_states_the_real_number_of_inputs(tiny, tmp_path, caplog
 def test_custom_tasks_sharing_a_name_do_not_share_sigmas(tmp_path):
     """A custom task is its configuration: σ's measured for one spec are not reused for another
     spec under the same task name (here: another instruction)."""
-    from grammarrl.tasks.custom import resolve_spec
+    from grammarrl.tasks.custom_spec import resolve_spec
 
     spec = "task.spec=examples/support_tickets/task.yaml"
     cfg = _cfg(tmp_path, "task=custom", spec, "model=tiny")

@@ -25,13 +25,10 @@ from grammarrl.config import validate
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import ConfigError, DataError
 from grammarrl.tasks import load_task
-from grammarrl.tasks.custom import (
-    ByteGrammarChecker,
-    CustomTask,
-    exact_match,
-    json_fields_prf,
-    json_schema_of,
-)
+from grammarrl.tasks.custom import CustomTask
+from grammarrl.tasks.custom_grammar import ByteGrammarChecker
+from grammarrl.tasks.custom_metrics import exact_match, json_fields_prf
+from grammarrl.tasks.custom_spec import json_schema_of
 from grammarrl.types import Example
 from tests.conftest import compose_config
 from tests.support.decoding import EndBias, check_validity

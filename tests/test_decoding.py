@@ -376,20 +376,20 @@ def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch, casca
     sample rows finish mid-batch: slots shift across the prompt boundary while the row count
     stays the same. Every row's recorded log-probs must equal a from-scratch recomputation, with
     the prompt KV kept once (cascade, the default) and copied per row."""
-    import grammarrl.decoding.decoder as decoder_module
+    import grammarrl.decoding.forward as forward_module
 
     grammar = r"start: /[01]{1,3}/"
     prompts = [encode_prompt(tok, [{"role": "user", "content": m}])
                for m in ("hi", "What colour is the sky on a clear day, and why? " * 3)]
     crossings = []
-    real_plan = decoder_module.plan_cache_update
+    real_plan = forward_module.plan_cache_update
 
     def recording_plan(old_prompts, new_prompts, sources, trim):
         if len(old_prompts) == len(new_prompts) and old_prompts != new_prompts and not trim:
             crossings.append((old_prompts, new_prompts))
         return real_plan(old_prompts, new_prompts, sources, trim)
 
-    monkeypatch.setattr(decoder_module, "plan_cache_update", recording_plan)
+    monkeypatch.setattr(forward_module, "plan_cache_update", recording_plan)
     dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=6, cascade=cascade)
     for seed in range(24):
         groups = dec.rollout(prompts, num_samples=2, beam_width=3,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grammarrl.errors import ModelError
+from grammarrl.model_cache import smollm2_gguf_path
 from grammarrl.models import (
     add_lora,
     load_adapter,
@@ -16,7 +17,6 @@ from grammarrl.models import (
     reference_mode,
     resolve_device,
     resolve_dtype,
-    smollm2_gguf_path,
 )
 from tests.conftest import compose_config
 
@@ -126,7 +126,7 @@ def test_model_cache_is_shared_across_install_paths(tmp_path):
     rebuilt it and a concurrent reader crashed on the half-replaced directory."""
     import json
 
-    from grammarrl.models import CACHE_STAMP, _smollm2_cache
+    from grammarrl.model_cache import CACHE_STAMP, smollm2_cache
 
     first, second = tmp_path / "venv-a" / "m.gguf", tmp_path / "venv-b" / "m.gguf"
     for gguf in (first, second):
@@ -135,8 +135,8 @@ def test_model_cache_is_shared_across_install_paths(tmp_path):
     target = tmp_path / "cache" / "models" / "m"
     target.mkdir(parents=True)
     (target / CACHE_STAMP).write_text(json.dumps({"gguf": "m.gguf", "size": 15}))
-    assert _smollm2_cache(tmp_path / "cache", first) == target
-    assert _smollm2_cache(tmp_path / "cache", second) == target
+    assert smollm2_cache(tmp_path / "cache", first) == target
+    assert smollm2_cache(tmp_path / "cache", second) == target
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -19,35 +19,22 @@ each row picks its next token by its own rule:
 Finished rows leave the batch (their matchers never see padding). For every generated token the
 decoder records the unconstrained log-prob (full-vocabulary softmax of the raw logits), the
 constrained one (renormalised over the allowed set) and the log of the allowed mass.
+
+The model side (prefill, the KV cache, one decode step) is `forward.ModelForward`, the base class;
+beam search's parts (groups, candidates, forking) are in `beam.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from grammarrl.chat import end_of_turn_id
-from grammarrl.decoding.beam import BeamGroup, insort, rank
-from grammarrl.decoding.cache import (
-    CopiedPromptCache,
-    layer_tensors,
-    plan_cache_update,
-    reorder_suffix,
-    select_rows,
-)
-from grammarrl.decoding.cascade import (
-    CACHE_KWARG,
-    SharedPromptCache,
-    cascade_attention,
-    model_configs,
-    supports_cascade,
-)
+from grammarrl.decoding.beam import BeamGroup, beam_candidates, fork, insort, rank
+from grammarrl.decoding.forward import ModelForward
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
 from grammarrl.decoding.rows import (
     BEAM,
@@ -67,7 +54,6 @@ from grammarrl.decoding.rows import (
     sample_tokens,
 )
 from grammarrl.decoding.types import BeamResult, Generation
-from grammarrl.models import output_kv_cache, with_kv_cache
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +65,7 @@ class _Outputs:
     beam: BeamResult | None
 
 
-class ConstrainedDecoder:
+class ConstrainedDecoder(ModelForward):
     """Grammar-constrained decoding over a HF causal LM (optionally a PEFT model).
 
     `grammar` is a Lark string (the task's Outlines CFG) compiled once. Prompts are token-id
@@ -101,28 +87,13 @@ class ConstrainedDecoder:
     ):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.model = model
+        super().__init__(model, max_new_tokens, share_prefix, cascade)
         self.tokenizer = tokenizer
         self.stop_token_id = int(
             end_of_turn_id(tokenizer) if stop_token_id is None else stop_token_id
         )
         self.grammar = CompiledGrammar(tokenizer, grammar, self.stop_token_id)
-        self.max_new_tokens = int(max_new_tokens)
         self._masks: MaskComputer | None = None
-        self._configs: list | None = None  # the model's configs, for the attention switch
-        # Prompts of one call sharing at least this many leading tokens prefill them once.
-        self.min_shared_prefix = 32
-        # False: every row prefills its own prompt, as `generate(num_return_sequences=...)` does
-        # (the reference point of the sharing benchmark; same outputs, more compute).
-        self.share_prefix = share_prefix
-        # With prefix sharing, keep each prompt's KV once and decode with cascade attention
-        # (None: wherever the model supports it; False: copy the prompt KV into every row, the
-        # layout of `share_prefix=False`, same outputs; True: required).
-        self.cascade = cascade
-        # Cost accounting: model forward calls and token positions run (prefill tokens + one per
-        # decoded row per step), accumulated over the decoder's life; read and diff freely.
-        self.forward_calls = 0
-        self.forward_tokens = 0
 
     # ------------------------------------------------------------------ public API
 
@@ -171,10 +142,6 @@ class ConstrainedDecoder:
 
     # ------------------------------------------------------------------ internals
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
     def _decode(
         self,
         prompts: list[list[int]],
@@ -195,67 +162,6 @@ class ConstrainedDecoder:
         with self.inference():
             return self._loop(prompts, greedy, num_samples, beam_width, temperature, generator,
                               length_penalty)
-
-    @contextlib.contextmanager
-    def inference(self) -> Iterator[None]:
-        """One decoding call: the model in eval and inference mode, its mode restored after."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                yield
-        finally:
-            if was_training:
-                self.model.train()
-
-    def _forward(self, input_ids, attention_mask, position_ids, cache, last_only=False, **kwargs):
-        if last_only:
-            kwargs["logits_to_keep"] = 1
-        self.forward_calls += 1
-        self.forward_tokens += int(input_ids.numel())
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **with_kv_cache(cache),
-            **kwargs,
-        )
-        return out.logits[:, -1, :].float(), output_kv_cache(out)
-
-    def _prefill(
-        self, prompt: list[int], prefix: tuple[int, list] | None = None
-    ) -> tuple[torch.Tensor, DynamicCache]:
-        """Last-position logits and the KV cache of `prompt`; `prefix` = (length, per-layer
-        (keys, values)) of an already computed first part of it, continued from a copy."""
-        device = self.device
-        start, cache = 0, DynamicCache()
-        if prefix is not None:
-            start, tensors = prefix
-            cache = DynamicCache(ddp_cache_data=tensors)  # copies: the prefix stays intact
-        ids = torch.tensor([prompt[start:]], dtype=torch.long, device=device)
-        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=device)
-        positions = torch.arange(start, len(prompt), device=device).unsqueeze(0)
-        return self._forward(ids, mask, positions, cache, last_only=True)
-
-    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[int, list] | None:
-        """The KV cache of the longest common prefix of the prompts of this call (a static
-        system prompt, hierarchy, demonstrations), computed once; None if too short. Never
-        reused across calls: the model's weights may have changed in between."""
-        if len(prompts) < 2:
-            return None
-        first = prompts[0]
-        shared = min(len(p) for p in prompts) - 1  # keep >= 1 token per prompt to prefill
-        for p in prompts[1:]:
-            n = 0
-            limit = min(shared, len(p))
-            while n < limit and p[n] == first[n]:
-                n += 1
-            shared = n
-            if shared < self.min_shared_prefix:
-                return None
-        _, cache = self._prefill(first[:shared])
-        return shared, layer_tensors(cache)
 
     def _loop(self, prompts, greedy, num_samples, beam_width, temperature, generator,
               length_penalty) -> list[_Outputs]:
@@ -316,7 +222,7 @@ class ConstrainedDecoder:
             index = torch.tensor(sample_idx, device=device)
             sources.append(index)
             tokens.append(sample_tokens(*dist.proposal(temperature, index), generator))
-        beam = self._beam_candidates(dist, rows, beam_width)
+        beam = beam_candidates(dist, rows, beam_width, device)
         if beam is not None:
             sources.append(beam[0])
             tokens.append(beam[1])
@@ -329,28 +235,6 @@ class ConstrainedDecoder:
         table = torch.stack([c.double() for c in columns], dim=1).tolist()  # the one host sync
         return table, len(greedy_idx) + len(sample_idx), beam[3] if beam is not None else []
 
-    def _beam_candidates(self, dist: StepDistribution, rows: list[Row], beam_width: int):
-        """Per beam group (prompt), its 2·B best (beam, token) extensions by summed
-        constrained log-prob: rows [G·k], tokens [G·k], scores [G·k] and the groups' prompts;
-        None without beam rows."""
-        by_prompt: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            if r.kind == BEAM:
-                by_prompt.setdefault(r.prompt, []).append(i)
-        if not by_prompt:
-            return None
-        device, vocab = self.device, dist.logits.shape[1]
-        order = list(by_prompt)
-        slots = max(len(v) for v in by_prompt.values())
-        grid = [by_prompt[p] + [-1] * (slots - len(by_prompt[p])) for p in order]
-        safe = torch.tensor(grid, device=device).clamp(min=0)  # [G, slots] row index
-        scores = torch.tensor([[rows[i].score if i >= 0 else NEG_INF for i in g] for g in grid],
-                              device=device, dtype=torch.float32)  # [G, slots]
-        logp_c = dist.masked[safe] - dist.lse_safe[safe].unsqueeze(-1)  # [G, slots, V]
-        cand = (scores.unsqueeze(-1) + logp_c).view(len(order), -1)  # [G, slots·V]
-        values, flat = cand.topk(min(2 * beam_width, cand.shape[1]), dim=-1)  # [G, k]
-        slot = torch.div(flat, vocab, rounding_mode="floor")  # [G, k]
-        return (safe.gather(1, slot).view(-1), (flat % vocab).view(-1), values.view(-1), order)
 
     def _continue_plain(self, outputs, rows: list[Row], entries: list[list[float]]
                         ) -> tuple[list[Row], list[int]]:
@@ -371,7 +255,8 @@ class ConstrainedDecoder:
         return new_rows, new_src
 
     # ------------------------------------------------------------------ the step interface
-    # (the loop above and SMC, grammarrl/decoding/smc.py, drive decoding through these)
+    # (the loop above and SMC, grammarrl/decoding/smc.py, drive decoding through these and
+    # through `start` and `advance` of `ModelForward`)
 
     def distribution(self, logits: torch.Tensor, matchers: list[Any]) -> StepDistribution:
         """The rows' next-token distributions [R, V] under their matchers' grammar masks."""
@@ -396,82 +281,6 @@ class ConstrainedDecoder:
         if len(row.tokens) >= self.max_new_tokens and not grammar_complete(row.matcher):
             return TRUNCATED, None
         return LIVE, None
-
-    def advance(self, kv, rows: list[Row], new_rows: list[Row], sources: list[int]
-                ) -> torch.Tensor:
-        """The next step: new row i continues `rows[sources[i]]` (rows dropped, reordered or
-        forked); the cache follows, then one decode step. The new rows' logits [R', V]."""
-        self._reorder(kv, [r.prompt for r in rows], [r.prompt for r in new_rows], sources,
-                      len(new_rows[0].tokens) - 1)
-        return self._step(kv, new_rows)
-
-    def start(self, prompts: list[list[int]], rows_per_prompt: int
-               ) -> tuple[torch.Tensor, SharedPromptCache | CopiedPromptCache]:
-        """Prefill the prompts: the first logits of every row (rows of a prompt consecutive,
-        `rows_per_prompt` each) and the batch's KV cache. With prefix sharing each prompt is run
-        once (a common prefix of the prompts once in all) and its KV kept once (cascade) or
-        copied into its rows; without, every row prefills its own prompt."""
-        prefix = self._shared_prefix(prompts) if self.share_prefix else None
-        copies = 1 if self.share_prefix else rows_per_prompt  # prefills per prompt
-        first_logits, caches, lengths, repeats = [], [], [], []
-        for prompt in prompts:
-            for _ in range(copies):
-                logits, cache = self._prefill(prompt, prefix)
-                first_logits.append(logits.expand(rows_per_prompt // copies, -1))
-                caches.append(cache)
-                lengths.append(len(prompt))
-                repeats.append(rows_per_prompt // copies)
-        del prefix
-        logits = torch.cat(first_logits, dim=0)
-        if not self._use_cascade():
-            return logits, CopiedPromptCache(caches, lengths, repeats)
-        self._configs = model_configs(self.model)
-        kv = SharedPromptCache([layer_tensors(c) for c in caches],
-                               capacity=min(self.max_new_tokens + 1, 64))
-        kv.select([p for p in range(len(prompts)) for _ in range(rows_per_prompt)])
-        return logits, kv
-
-    def _use_cascade(self) -> bool:
-        if not self.share_prefix or self.cascade is False:
-            return False
-        supported = supports_cascade(self.model)
-        if self.cascade and not supported:
-            raise ValueError("cascade=True, but the model's attention cannot be replaced by "
-                             "cascade attention (see grammarrl/decoding/cascade.py)")
-        return supported
-
-    def _reorder(self, kv, old_prompts: list[int], new_prompts: list[int], sources: list[int],
-                 generated: int) -> None:
-        """Rows of the next step: new row i continues old row `sources[i]` (dropped, reordered
-        or forked rows); `generated` = tokens already in the cache per row."""
-        if isinstance(kv, SharedPromptCache):
-            plan = plan_cache_update(old_prompts, new_prompts, sources, 0)
-            kv.select(new_prompts, None if plan == "keep" else sources)
-            return
-        # Copied rows: also trim the left padding no row needs any more.
-        trim = min(kv.pads[s] for s in sources)
-        plan = plan_cache_update(old_prompts, new_prompts, sources, trim)
-        device = self.device
-        if plan == "suffix" and not reorder_suffix(
-                kv.cache, torch.tensor(sources, device=device), generated):
-            plan = "rows"
-        if plan == "rows" or trim:
-            index = None if plan == "keep" else torch.tensor(sources, device=device)
-            select_rows(kv.cache, index, trim)
-        kv.pads = [kv.pads[s] - trim for s in sources]
-
-    def _step(self, kv, rows: list[Row]) -> torch.Tensor:
-        """One decode step of `rows` (each feeds its last token): next-token logits."""
-        device = self.device
-        input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=device)
-        positions = torch.tensor([[r.plen + len(r.tokens) - 1] for r in rows], device=device)
-        if isinstance(kv, SharedPromptCache):
-            with cascade_attention(self._configs):
-                logits, _ = self._forward(input_ids, None, positions, kv, **{CACHE_KWARG: kv})
-            return logits
-        logits, kv.cache = self._forward(input_ids, kv.attention_mask(device), positions,
-                                         kv.cache)
-        return logits
 
     def _beam_step(self, outputs, group: BeamGroup, entries: list[list[float]], rows: list[Row],
                    new_rows: list[Row], new_src: list[int]) -> None:
@@ -501,19 +310,7 @@ class ConstrainedDecoder:
         ) <= rank(group, finished[width - 1]):
             self._close_group(outputs, group, [])
             return
-        # Fork matchers: every child but the last of a parent gets a deep copy, taken before
-        # any child consumes its token.
-        children_left: dict[int, int] = {}
-        for ext in extensions:
-            children_left[ext[0]] = children_left.get(ext[0], 0) + 1
-        children = []
-        for i, t, logp_u, logp_c, mass, _ in extensions:
-            parent = rows[i]
-            children_left[i] -= 1
-            matcher = parent.matcher if children_left[i] == 0 else parent.matcher.deep_copy()
-            child = parent.child(matcher)
-            child.push(t, logp_u, logp_c, mass)
-            children.append((i, child))
+        children = fork(rows, extensions)  # each child's token not yet consumed
         live = []
         for i, child in children:
             if not child.matcher.consume_token(child.tokens[-1]):
@@ -532,6 +329,7 @@ class ConstrainedDecoder:
         for i, child in live:
             new_rows.append(child)
             new_src.append(i)
+
 
     def _close_group(self, outputs, group: BeamGroup, truncated: list[Row]) -> None:
         if group.result is not None:

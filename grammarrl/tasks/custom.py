@@ -14,84 +14,40 @@ warned about.
 Output constraints, compiled by llguidance through a Lark source as the built-in grammars are:
 `json_schema` (`start: %json {...}`, one-line JSON with ", " and ": ", keys in schema order),
 `regex` (`start: /.../`), `lark` (as given), `choices` (an alternation of string literals).
-Python users can take the schema from a Pydantic model: `json_schema_of(MyModel)`.
+Python users can take the schema from a Pydantic model: `custom_spec.json_schema_of(MyModel)`.
 
 Training reads inputs only: rows without a gold output are used, and a task without any gold
 output trains; its metric is then reported as `<metric>_unavailable`, NaN.
+
+This module holds the task class; the spec is read and checked in `custom_spec`, the constraint
+compiled in `custom_grammar`, rows read in `custom_data`; the metrics are in `custom_metrics`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import math
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from functools import cached_property, lru_cache
+from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-from grammarrl.config import TaskSchema, unknown_key_error
-from grammarrl.data.sources import Row, SkipLog, fingerprint, read_lines, read_text
+from grammarrl.data.sources import Row, SkipLog, fingerprint
 from grammarrl.data.splits import partition
 from grammarrl.errors import ConfigError, DataError
-from grammarrl.metrics import corpus_bleu, entity_prf, validity_rate
-from grammarrl.tasks import builtin_task_names, task_class
+from grammarrl.metrics import corpus_bleu, validity_rate
+from grammarrl.tasks import task_class
 from grammarrl.tasks.common import CorpusTask, clean_text
-from grammarrl.tasks.grammar_check import GrammarChecker, alternation
+from grammarrl.tasks.custom_data import order_keys, read_table
+from grammarrl.tasks.custom_grammar import ByteGrammarChecker
+from grammarrl.tasks.custom_metrics import exact_match, json_fields_prf
+from grammarrl.tasks.custom_spec import CUSTOM_KEYS, CustomSpec, resolve_spec
 from grammarrl.types import Example, Scores
 
 log = logging.getLogger(__name__)
-
-DEFAULTS_FILE = Path(__file__).resolve().parents[2] / "conf" / "task" / "custom.yaml"
-CONSTRAINTS = ("json_schema", "regex", "lark", "choices")
-METRICS = ("exact_match", "accuracy", "json_fields_f1", "bleu")
-AUTO_METRIC = {"json_schema": "json_fields_f1", "choices": "accuracy"}  # else exact_match
-FILE_KEYS = ("train", "dev", "test", "demonstrations")
-CUSTOM_KEYS = ("spec", *FILE_KEYS, "input_field", "output_field", *CONSTRAINTS, "instruction",
-               "output_format", "reverse_instruction")
-FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": ",", ".tsv": "\t"}
-# One-line JSON in the separators of json.dumps: the canonical gold form, natural BPE tokens.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-NAME = re.compile(r"[A-Za-z0-9_.-]+")
-REVERSE_INSTRUCTION = (
-    "Given the output of the task below, reconstruct the original input as it was actually "
-    "written. Output only that input.\n\nTask: {instruction}"
-)
-
-
-def json_schema_of(model: type) -> dict[str, Any]:
-    """The JSON schema of a Pydantic model class, for `task.json_schema` (Python users):
-    `cfg.task.json_schema = json_schema_of(Ticket)`, or write it to a file the spec names."""
-    return model.model_json_schema()
-
-
-# ---------------------------------------------------------------------- the spec
-
-
-@dataclass(frozen=True)
-class CustomSpec:
-    """A checked custom task: absolute files, the constraint as a Lark source, prompts, metric."""
-
-    name: str
-    files: dict[str, Path]  # train, and those of dev, test, demonstrations that are given
-    input_field: str
-    output_field: str | None
-    kind: str  # one of CONSTRAINTS
-    grammar: str  # the Lark source llguidance compiles
-    schema: dict[str, Any] | None  # json_schema only, as given (objects not yet closed)
-    choices: tuple[str, ...]
-    metric: str
-    instruction: str
-    output_format: str
-    reverse_instruction: str
 
 
 def is_custom(task_cfg: Mapping[str, Any]) -> bool:
@@ -114,363 +70,6 @@ def check_task_keys(cfg: DictConfig) -> CustomSpec | None:
                               f"task={cfg.task.name}")
     return None
 
-
-def resolve_spec(cfg: DictConfig) -> CustomSpec:
-    """Merge `task.spec` into `cfg.task` (in place; idempotent) and check the custom task.
-    Raises ConfigError naming the key (and the spec file) on any bad value."""
-    task = cfg.task
-    name = str(task.get("name"))
-    if task.get("spec") is None and task.get("train") is None:
-        if name == "custom":
-            raise ConfigError("task=custom needs task.spec=FILE (a YAML file defining the task) "
-                              "or its keys inline, task.train=... at least (conf/task/custom.yaml)")
-        raise ConfigError(f"task={name!r} is invalid: expected one of "
-                          f"{', '.join(builtin_task_names())}, or custom (task=custom "
-                          "task.spec=FILE)")
-    if task.get("spec") is not None:
-        merge_spec_file(task)
-    source = str(cfg.get("data", {}).get("source", "local"))
-    if source != "local":
-        raise ConfigError(f"data.source={source}: a custom task reads its own files "
-                          "(task.train, task.dev, task.test); leave data.source=local")
-    return build_spec(task)
-
-
-def _spec_defaults() -> DictConfig:
-    return OmegaConf.load(DEFAULTS_FILE)
-
-
-def merge_spec_file(task: DictConfig) -> None:
-    """Copy the spec file's keys into `task`. A key that `task` already holds with a value other
-    than conf/task/custom.yaml's default (given on the command line) keeps it. Relative paths of
-    the file are made absolute from its directory."""
-    path = Path(str(task.spec)).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"task.spec={task.spec}: no such file (a YAML file holding the task's "
-                          "keys, see conf/task/custom.yaml)")
-    try:
-        values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except (yaml.YAMLError, OmegaConfBaseException) as err:  # syntax, interpolation
-        raise ConfigError(f"task.spec={path}: not a readable YAML file: {err}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"task.spec={path}: expected a mapping of task keys, got "
-                          f"{type(values).__name__}")
-    known = {f.name for f in fields(TaskSchema)} - {"spec"}
-    defaults = _spec_defaults()
-    for key, value in values.items():
-        if key not in known:
-            raise ConfigError(f"task.spec={path}: {unknown_key_error(f'task.{key}')}")
-        value = _from_spec_dir(key, value, path.parent)
-        current = task.get(key)
-        if current is not None and current != defaults.get(key):
-            if _plain(current) != value:
-                log.info("task.%s=%s (command line) overrides %s's %r", key, current, path, value)
-            continue
-        with open_dict(task):
-            task[key] = value
-
-
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
-def _from_spec_dir(key: str, value: Any, directory: Path) -> Any:
-    """A spec file's value with a relative file path made absolute from `directory`."""
-    is_path = (key in FILE_KEYS
-               or (key == "json_schema" and isinstance(value, str)
-                   and not value.lstrip().startswith("{"))
-               or (key == "lark" and isinstance(value, str) and _is_lark_file(value)))
-    if is_path and isinstance(value, str) and not Path(value).expanduser().is_absolute():
-        return str((directory / value).resolve())
-    return value
-
-
-def _is_lark_file(value: str) -> bool:
-    return "\n" not in value and value.strip().endswith(".lark")
-
-
-def _existing_file(task: DictConfig, key: str) -> Path:
-    value = task.get(key)
-    path = Path(str(value)).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"task.{key}={value}: no such file")
-    return path.resolve()
-
-
-def _text(task: DictConfig, key: str, default: str | None = None) -> str | None:
-    value = task.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise ConfigError(f"task.{key}={value!r} is invalid: expected a string")
-    return value
-
-
-def build_spec(task: DictConfig) -> CustomSpec:
-    """Check a merged custom task config and compile its constraint (no tokenizer needed)."""
-    name = str(task.name)
-    builtins = builtin_task_names()
-    if not NAME.fullmatch(name) or name in builtins:
-        raise ConfigError(f"task.name={name!r} is invalid for a custom task: expected letters, "
-                          f"digits, _ . - and not a built-in task's name ({', '.join(builtins)})")
-    if task.get("train") is None:
-        raise ConfigError("task.train is required: the JSONL or CSV file of training inputs")
-    files = {key: _existing_file(task, key) for key in FILE_KEYS if task.get(key) is not None}
-    for key, path in files.items():
-        if path.suffix.lower() not in FORMATS:
-            raise ConfigError(f"task.{key}={task.get(key)}: expected a .jsonl, .ndjson, .csv or "
-                              ".tsv file")
-    input_field = _text(task, "input_field", "input")
-    output_field = _text(task, "output_field")
-    if not input_field:
-        raise ConfigError("task.input_field is empty: name the field holding the input text")
-    if output_field == input_field:
-        raise ConfigError(f"task.output_field={output_field!r} is also task.input_field")
-    if "demonstrations" in files and not output_field:
-        raise ConfigError("task.demonstrations needs task.output_field (the field of their "
-                          "outputs)")
-    if int(task.get("num_hints") or 0) != 0:
-        raise ConfigError(f"task.num_hints={task.num_hints}: hints are not supported for custom "
-                          "tasks; set task.num_hints=0")
-
-    given = [key for key in CONSTRAINTS if task.get(key) not in (None, "")]
-    if len(given) != 1:
-        keys = ", ".join(f"task.{key}" for key in (given or CONSTRAINTS))
-        raise ConfigError(f"{keys}: a custom task needs exactly one output constraint "
-                          f"({'none is set' if not given else 'several are set: keep one'})")
-    kind = given[0]
-    schema, choices, grammar, describe = _constraint(task, kind)
-    check_lark(grammar, f"task.{kind}")
-
-    metric = str(task.get("metric") or "auto")
-    metric = AUTO_METRIC.get(kind, "exact_match") if metric == "auto" else metric
-    if metric not in METRICS:
-        raise ConfigError(f"task.metric={metric!r} is invalid: expected auto or one of "
-                          f"{', '.join(METRICS)}")
-    if metric == "json_fields_f1" and kind != "json_schema":
-        raise ConfigError(f"task.metric=json_fields_f1 scores JSON fields: it needs "
-                          f"task.json_schema, not task.{kind}")
-    instruction = _text(task, "instruction")
-    if not instruction:
-        raise ConfigError("task.instruction is required: the system instruction that says what "
-                          "to produce from the input")
-    reverse = _text(task, "reverse_instruction") or REVERSE_INSTRUCTION.format(
-        instruction=instruction)
-    return CustomSpec(
-        name=name, files=files, input_field=input_field, output_field=output_field or None,
-        kind=kind, grammar=grammar, schema=schema, choices=choices, metric=metric,
-        instruction=instruction, output_format=_text(task, "output_format", describe),
-        reverse_instruction=reverse)
-
-
-def _constraint(task: DictConfig, kind: str) -> tuple[dict | None, tuple[str, ...], str, str]:
-    """(schema, choices, Lark source, default output-format line) of the given constraint."""
-    value = _plain(task.get(kind))
-    key = f"task.{kind}"
-    if kind == "json_schema":
-        schema = _schema(value, key)
-        layout = {**JSON_LAYOUT, **schema.get("x-guidance", {})}
-        source = json.dumps({**closed(schema), "x-guidance": layout}, ensure_ascii=False)
-        shown = json.dumps({k: v for k, v in schema.items() if k != "x-guidance"},
-                           ensure_ascii=False)
-        return schema, (), f"start: %json {source}\n", (
-            f"Output format: one JSON object on one line, matching this JSON schema: {shown}")
-    if kind == "choices":
-        if (not isinstance(value, list) or not value
-                or not all(isinstance(c, str) and c for c in value)):
-            raise ConfigError(f"{key}={value!r} is invalid: expected a list of non-empty strings")
-        choices = tuple(dict.fromkeys(value))
-        return None, choices, f"start: {alternation(choices)}\n", (
-            f"Answer with exactly one of: {' | '.join(choices)}")
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}={value!r} is invalid: expected a string")
-    if kind == "regex":
-        import llguidance
-
-        return None, (), f"start: /{llguidance.regex_to_lark(value)}/\n", (
-            f"Output format: text matching the regular expression {value}")
-    if _is_lark_file(value):  # lark
-        path = _existing_file(task, kind)
-        return None, (), read_text(path), ""
-    return None, (), value, ""
-
-
-def _schema(value: Any, key: str) -> dict[str, Any]:
-    """A JSON schema given inline (a mapping or JSON text) or as a file path."""
-    if isinstance(value, str) and not value.lstrip().startswith("{"):
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"{key}={value}: no such file (a JSON schema, or give it inline)")
-        where, text = str(path), read_text(path)
-    else:
-        where, text = "inline", value
-    if isinstance(text, str):
-        try:
-            text = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{key} ({where}): not valid JSON: {err}") from None
-    if not isinstance(text, dict):
-        raise ConfigError(f"{key} ({where}): expected a JSON schema object, got "
-                          f"{type(text).__name__}")
-    return text
-
-
-def closed(schema: Any) -> Any:
-    """The schema with `additionalProperties: false` added to every object that lists its
-    `properties` and says nothing about other keys (JSON Schema would allow any key there)."""
-    if isinstance(schema, list):
-        return [closed(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: closed(value) for key, value in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
-
-
-def check_lark(source: str, key: str) -> None:
-    """ConfigError naming `key` with llguidance's message if the Lark source does not compile."""
-    import llguidance
-
-    spec = llguidance.LLMatcher.grammar_from_lark(source)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(spec, None)
-    if is_error:
-        raise ConfigError(f"{key}: llguidance cannot compile it: "
-                          f"{one_line(messages[0] if messages else '?', key != 'task.lark')}")
-
-
-def one_line(message: str, drop_position: bool) -> str:
-    """llguidance's message on one line, without its excerpt of the grammar; the position
-    (`at 1(8): `) is dropped where it points into the Lark source we generated."""
-    lines = []
-    for line in message.splitlines():
-        if re.match(r"\s*\d+ \| ", line):  # the excerpt: `   1 | start: ...` and its caret
-            break
-        lines.append(line.strip())
-    text = " ".join(line for line in lines if line)
-    return re.sub(r"^at \d+\(\d+\): ", "", text) if drop_position else text
-
-
-# ---------------------------------------------------------------------- acceptance by bytes
-
-
-class ByteTokenizer:
-    """Token i is byte i; token 256 ends the text. Lets llguidance check whole strings against
-    a grammar without a model's tokenizer (the language a grammar accepts is over bytes)."""
-
-    eos_token_id = 256
-    bos_token_id = None
-    special_token_ids: ClassVar[list[int]] = [256]
-    tokens: ClassVar[list[bytes]] = [bytes([i]) for i in range(256)] + [b"<|end|>"]
-
-    def __call__(self, data: bytes) -> list[int]:
-        return list(data)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(text.encode("utf-8"))
-
-
-@lru_cache(maxsize=1)
-def _byte_ll_tokenizer() -> Any:
-    import llguidance
-
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTokenizer()))
-
-
-class ByteGrammarChecker(GrammarChecker):
-    """`GrammarChecker` over bytes: accepts exactly the strings of the grammar's language."""
-
-    def __init__(self, lark: str) -> None:
-        import llguidance
-
-        self.tokenizer = ByteTokenizer()
-        spec = llguidance.grammar_from("lark", lark)
-        self._start = llguidance.LLMatcher(_byte_ll_tokenizer(), spec, log_level=0)
-        if self._start.is_error():
-            raise ValueError(f"the grammar does not compile: {self._start.get_error()[:500]}")
-
-
-# ---------------------------------------------------------------------- reading rows
-
-
-def read_table(path: Path) -> list[tuple[dict[str, Any], str]]:
-    """(record, "file:line") of each row of a JSONL or CSV/TSV file; DataError naming the line
-    of a row that is not a JSON object. Blank JSONL lines are passed over."""
-    fmt = FORMATS[path.suffix.lower()]
-    if fmt != "jsonl":
-        reader = csv.DictReader(io.StringIO(read_text(path), newline=""), delimiter=fmt)
-        rows, line = [], reader.line_num + 2  # the header is line 1
-        try:
-            for record in reader:
-                rows.append((record, f"{path}:{line}"))
-                line = reader.line_num + 1
-        except csv.Error as err:
-            raise DataError(f"{path}:{reader.line_num}: not valid CSV: {err}") from None
-        return rows
-    rows = []
-    for number, text in enumerate(read_lines(path), start=1):
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{number}: not a JSON object: {err}") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{number}: not a JSON object")
-        rows.append((record, f"{path}:{number}"))
-    return rows
-
-
-def order_keys(value: Any, schema: Any, defs: Mapping[str, Any]) -> Any:
-    """A JSON value with each object's keys in its schema's `properties` order (others after),
-    following local `$ref`s: the order llguidance generates them in."""
-    if isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
-        schema = defs.get(schema["$ref"].rsplit("/", 1)[-1], {})
-    if isinstance(value, list):
-        items = schema.get("items") if isinstance(schema, dict) else None
-        return [order_keys(item, items, defs) for item in value]
-    if not isinstance(value, dict):
-        return value
-    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    keys = [k for k in props if k in value] + [k for k in value if k not in props]
-    return {k: order_keys(value[k], props.get(k), defs) for k in keys}
-
-
-def canonical(value: Any) -> str:
-    """A JSON value's comparable form: keys sorted, no float/int/bool confusion."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
-
-
-# ---------------------------------------------------------------------- metrics
-
-
-def exact_match(predictions: Sequence[Any], golds: Sequence[Any]) -> list[bool]:
-    """Per example: the parsed prediction equals the parsed gold (JSON compared by value, with
-    keys in any order; an invalid prediction, None, never matches)."""
-    return [p is not None and canonical(p) == canonical(g) for p, g in zip(predictions, golds,
-                                                                           strict=True)]
-
-
-def field_values(value: Any) -> dict[str, str]:
-    """A JSON object's fields as comparable strings; "" for an absent or empty field (null, "",
-    [], {}); 0 and false are values. A non-object (or None) has no fields."""
-    if not isinstance(value, dict):
-        return {}
-    return {k: "" if v in (None, "", [], {}) else canonical(v) for k, v in value.items()}
-
-
-def json_fields_prf(predictions: Sequence[Any], golds: Sequence[Any],
-                    field_names: Sequence[str] | None = None) -> dict[str, Any]:
-    """The CoNLL rule (`metrics.entity_prf`) per JSON field: tp when the gold field is filled and
-    the prediction equals it, fp when the prediction is filled and differs, fn when the gold is
-    filled and the prediction differs. Fields: `field_names`, else every key of the golds."""
-    gold_fields = [field_values(g) for g in golds]
-    if field_names is None:
-        field_names = list(dict.fromkeys(k for g in gold_fields for k in g))
-    return entity_prf([field_values(p) for p in predictions], gold_fields, field_names)
-
-
-# ---------------------------------------------------------------------- the task
 
 
 class CustomTask(CorpusTask):
