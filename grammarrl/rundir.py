@@ -34,9 +34,9 @@ from typing import Any, NoReturn
 from omegaconf import DictConfig, OmegaConf
 
 from grammarrl.atomic import write_json
-from grammarrl.config import MOVED
 from grammarrl.errors import GrammarRLError
 from grammarrl.results import config_dict
+from grammarrl.schema import MOVED
 
 log = logging.getLogger(__name__)
 

@@ -134,25 +134,25 @@ def search(
 ) -> dict[str, Any]:
     """Run `cfg.search` on the seeded test sets (`cfg.eval.num_test_sets` x `test_size`), write
     `<out>/<name>.json` and the predictions; returns the results record (with `path`)."""
-    s = cfg.search
+    settings = cfg.search
     out = Path(out) if out is not None else run_dir(cfg)
-    method = str(s.method)
-    potential_name = str(s.potential or default_potential(method))
+    method = str(settings.method)
+    potential_name = str(settings.potential or default_potential(method))
     potential = make_potential(potential_name, task, model, tokenizer)
     test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
     all_examples = [ex for test_set in test_sets for ex in test_set]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
 
     greedy = (_greedy_baseline(decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress)
-              if s.greedy_baseline else None)
+              if settings.greedy_baseline else None)
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
-        decoder, tokenizer, task, all_examples, potential, s, int(cfg.seed), progress)
+        decoder, tokenizer, task, all_examples, potential, settings, int(cfg.seed), progress)
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
     potential_tokens = potential.forward_tokens
 
-    picks = _Selections(task, populations, method, int(s.posterior_draws), int(cfg.seed))
+    picks = _Selections(task, populations, method, int(settings.posterior_draws), int(cfg.seed))
     selected = picks.selected()
     rewards = (output_rewards(model, tokenizer, task, all_examples, selected, progress)
                if cfg.eval.score_rewards else None)
@@ -167,11 +167,7 @@ def search(
         scores=scores,
         config=cfg,
         **output_summary(task, unique, seconds),
-        method=method,
-        particles=int(s.particles),
-        potential=potential_name,
-        ess_threshold=float(s.ess_threshold) if method == "smc" else 0.0,
-        temperature=float(s.temperature),
+        **_method_fields(settings, potential_name),
         adapter=adapter_name(cfg.eval.adapter),
         **_costs(seconds, potential_seconds, search_tokens, potential_tokens, greedy),
         diagnostics=_diagnostics(list(populations.values()), unique, picks.posterior_weighted),
@@ -180,11 +176,18 @@ def search(
         forward_tokens=search_tokens,
         potential_forward_tokens=potential_tokens,
         **sets_summary(cfg, test_sets, len(unique)),
-        batch_size=int(s.batch_size),
         device=str(decoder.device),
         per_set=per_set,
     )
     return save_results(out, results, rows, name)
+
+
+def _method_fields(settings: DictConfig, potential: str) -> dict[str, Any]:
+    """The search settings a results file records (`ess_threshold` 0: no resampling)."""
+    method = str(settings.method)
+    return {"method": method, "particles": int(settings.particles), "potential": potential,
+            "ess_threshold": float(settings.ess_threshold) if method == "smc" else 0.0,
+            "temperature": float(settings.temperature), "batch_size": int(settings.batch_size)}
 
 
 class _Selections:
@@ -207,17 +210,17 @@ class _Selections:
                 for uid, i in self.chosen[self.method].items()}
 
     def set_fields(self, set_idx: int, test_set: list[Example]) -> dict[str, Any]:
-        for m, chosen in self.chosen.items():
+        for method, chosen in self.chosen.items():
             texts = [self.populations[ex.uid].generations[chosen[ex.uid]].text for ex in test_set]
-            self.scores[m].append(self.task.score(texts, test_set).value)
-        pw = float("nan")
+            self.scores[method].append(self.task.score(texts, test_set).value)
+        weighted = float("nan")
         if self.draws:
             sampled = posterior_draws([self.populations[ex.uid] for ex in test_set], self.draws,
                                       self.seed + set_idx)
-            pw = sum(self.task.score([g.text for g in d], test_set).value
-                     for d in sampled) / self.draws
-        self.posterior_weighted.append(pw)
-        return {"posterior_weighted": pw}
+            weighted = sum(self.task.score([g.text for g in draw], test_set).value
+                           for draw in sampled) / self.draws
+        self.posterior_weighted.append(weighted)
+        return {"posterior_weighted": weighted}
 
     def row_fields(self, set_idx: int, ex: Example, gen: Generation) -> dict[str, Any]:
         return _particle_fields(gen, self.populations[ex.uid], self.chosen[self.method][ex.uid],

@@ -18,9 +18,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from grammarrl.config import TaskSchema, unknown_key_error
+from grammarrl.config import unknown_key_error
 from grammarrl.data.sources import read_text
 from grammarrl.errors import ConfigError
+from grammarrl.schema import TaskSchema
 from grammarrl.tasks import builtin_task_names
 from grammarrl.tasks.custom_data import FORMATS
 from grammarrl.tasks.custom_grammar import check_lark, constraint_grammar
