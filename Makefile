@@ -24,9 +24,11 @@ $(STAMP): pyproject.toml
 run: venv
 	$(PY) -m grammarrl.run +experiment=quickstart
 
-# Lint (ruff's rules as configured in pyproject.toml), then the whole suite.
+# Lint and format check (ruff, pinned in pyproject.toml; `ruff format .` fixes the format),
+# then the whole suite.
 lint: venv
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test: lint
 	$(PY) -m pytest -q

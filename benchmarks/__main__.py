@@ -41,8 +41,10 @@ def suite(bench: Bench, full: bool = False) -> list[tuple[str, Callable[[], Benc
         ("rl_step_dtype/conll", lambda: rl_step.dtype_pair(bench, "conll")),
         ("rl_step_floor/conll", lambda: rl_step.step_floor(bench, "conll")),
         ("rl_step_peak_memory_gb/conll", lambda: rl_step.peak_memory(bench, "conll")),
-        ("rl_step_peak_memory_gb/conll+checkpointing",
-         lambda: rl_step.peak_memory(bench, "conll", checkpointing=True)),
+        (
+            "rl_step_peak_memory_gb/conll+checkpointing",
+            lambda: rl_step.peak_memory(bench, "conll", checkpointing=True),
+        ),
         ("rl_step_scaling/conll", lambda: rl_step.scaling(bench, "conll", fewshots, (3, 6))),
     ]
     extra = [
@@ -53,30 +55,52 @@ def suite(bench: Bench, full: bool = False) -> list[tuple[str, Callable[[], Benc
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. model=1b device=cuda")
     parser.add_argument("--out", default="bench.json", help="results file (default bench.json)")
-    parser.add_argument("--only", action="append", default=[],
-                        help="run benchmarks whose name contains this (repeatable)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run benchmarks whose name contains this (repeatable)",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per variant")
-    parser.add_argument("--full", action="store_true",
-                        help="also the costlier companions (about 30 minutes on 2 CPU cores)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny random model and bundled samples: checks the plumbing, "
-                        "does not judge the goals")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="also the costlier companions (about 30 minutes on 2 CPU cores)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny random model and bundled samples: checks the plumbing, does not judge the goals",
+    )
     args = parser.parse_args(argv)
-    model = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model=")),
-                 "tiny" if args.quick else "smollm2")
+    model = next(
+        (o.split("=", 1)[1] for o in args.overrides if o.startswith("model=")),
+        "tiny" if args.quick else "smollm2",
+    )
     overrides = [o for o in args.overrides if not o.startswith("model=")]
     # 64 new tokens cover the gold outputs of every task; SmolLM2 otherwise rambles to gloss's
     # 350-token cap, which measures nothing more at 5x the cost.
     overrides = [f"task.max_new_tokens={8 if args.quick else 64}", *overrides]
     if args.quick:
         overrides = ["data.dir=null", *overrides]
-    bench = Bench(model=model, overrides=overrides, quick=args.quick,
-                  repeats=args.repeats or (1 if args.quick else 2))
-    selected = [(n, f) for n, f in suite(bench, args.full) if not args.only or any(s in n for s in args.only)]
+    bench = Bench(
+        model=model,
+        overrides=overrides,
+        quick=args.quick,
+        repeats=args.repeats or (1 if args.quick else 2),
+    )
+    selected = [
+        (n, f)
+        for n, f in suite(bench, args.full)
+        if not args.only or any(s in n for s in args.only)
+    ]
     if not selected:
         parser.error(f"--only {args.only} matches no benchmark")
     records, started = [], time.perf_counter()
@@ -85,16 +109,22 @@ def main(argv: list[str] | None = None) -> int:
         result = run()
         release_memory()
         entry = result.record(judged=not bench.quick)  # a random model's ratios mean nothing
-        entry["details"].update(benchmark_seconds=round(time.perf_counter() - t0, 1),
-                                model=model, overrides=overrides, repeats=bench.repeats,
-                                machine=machine())
+        entry["details"].update(
+            benchmark_seconds=round(time.perf_counter() - t0, 1),
+            model=model,
+            overrides=overrides,
+            repeats=bench.repeats,
+            machine=machine(),
+        )
         records.append(entry)
         print(result.line(judged=not bench.quick), flush=True)
         write_json(Path(args.out), records)  # after every benchmark: a long run keeps its part
     seconds = time.perf_counter() - started
     if bench.quick:
-        print(f"{len(records)} benchmarks ran on the tiny random model (goals not judged); "
-              f"{seconds:.0f} s; wrote {args.out}")
+        print(
+            f"{len(records)} benchmarks ran on the tiny random model (goals not judged); "
+            f"{seconds:.0f} s; wrote {args.out}"
+        )
     else:
         held = sum(r["holds"] for r in records)
         print(f"{held}/{len(records)} goals hold; {seconds:.0f} s; wrote {args.out}")

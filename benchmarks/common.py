@@ -41,8 +41,13 @@ class BenchResult:
         """The bench.json entry: name, ratio, goal, holds (None when not judged), details."""
         data = asdict(self)
         goal = f"<= {self.goal}" if self.at_most else f">= {self.goal}"
-        return {"name": self.name, "ratio": round(self.ratio, 4), "goal": goal,
-                "holds": self.holds if judged else None, "details": data["details"]}
+        return {
+            "name": self.name,
+            "ratio": round(self.ratio, 4),
+            "goal": goal,
+            "holds": self.holds if judged else None,
+            "details": data["details"],
+        }
 
     def line(self, judged: bool = True) -> str:
         """One console line; an unjudged ratio (the random tiny model) is shown, not graded."""
@@ -63,8 +68,10 @@ class Bench:
     def config(self, *extra: str) -> DictConfig:
         """The composed, validated project config for this bench plus `extra` overrides."""
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="config",
-                          overrides=[f"model={self.model}", "logger=none", *self.overrides, *extra])
+            cfg = compose(
+                config_name="config",
+                overrides=[f"model={self.model}", "logger=none", *self.overrides, *extra],
+            )
         validate(cfg)
         return cfg
 
@@ -103,8 +110,9 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float], Any]
     return statistics.median(times), [round(t, 4) for t in times], result
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: bool = True
-                ) -> dict[str, dict[str, Any]]:
+def interleaved(
+    fns: dict[str, Callable[[], Any]], repeats: int, warmup: bool = True
+) -> dict[str, dict[str, Any]]:
     """Median seconds per variant, variants alternating within each repeat (so drifting load
     on a noisy machine hits both alike); one untimed warm-up call each first if `warmup`."""
     for fn in fns.values() if warmup else ():
@@ -115,8 +123,14 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: bool = 
         for name, fn in fns.items():
             seconds, _, results[name] = timed(fn, 1)
             times[name].append(seconds)
-    return {name: {"median_s": round(statistics.median(ts), 4), "times_s": [round(t, 4) for t in ts],
-                   "result": results[name]} for name, ts in times.items()}
+    return {
+        name: {
+            "median_s": round(statistics.median(ts), 4),
+            "times_s": [round(t, 4) for t in ts],
+            "result": results[name],
+        }
+        for name, ts in times.items()
+    }
 
 
 def release_memory() -> None:

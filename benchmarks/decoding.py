@@ -82,24 +82,35 @@ def grammar_overhead(bench: Bench, task_name: str, num_prompts: int = 2) -> Benc
             plain_greedy(model, prompt, 1)
 
     with MaskClock() as masks:
-        timing = interleaved({"constrained": constrained, "unconstrained": unconstrained,
-                              "prefill": prefill_only}, bench.repeats)
+        timing = interleaved(
+            {"constrained": constrained, "unconstrained": unconstrained, "prefill": prefill_only},
+            bench.repeats,
+        )
     c, u, p = (timing[k]["median_s"] for k in ("constrained", "unconstrained", "prefill"))
     calls = bench.repeats + 1  # the warm-up call counts in the mask clock
     return BenchResult(
-        name=f"grammar_overhead/{task_name}", ratio=c / u, goal=1.05, at_most=True,
+        name=f"grammar_overhead/{task_name}",
+        ratio=c / u,
+        goal=1.05,
+        at_most=True,
         details={
-            "task": task_name, "prompts": num_prompts, "batch": 1,
-            "prompt_tokens": [len(p) for p in prompts], "generated_tokens": lengths,
-            "constrained_s": timing["constrained"], "unconstrained_s": timing["unconstrained"],
+            "task": task_name,
+            "prompts": num_prompts,
+            "batch": 1,
+            "prompt_tokens": [len(p) for p in prompts],
+            "generated_tokens": lengths,
+            "constrained_s": timing["constrained"],
+            "unconstrained_s": timing["unconstrained"],
             "prefill_s": timing["prefill"],
             "decode_only_ratio": round((c - p) / max(u - p, 1e-9), 4),
             "mask_seconds_per_token_ms": round(1000 * masks.seconds / calls / sum(lengths), 4),
-        })
+        },
+    )
 
 
-def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width: int = 3
-                  ) -> BenchResult:
+def group_rollout(
+    bench: Bench, task_name: str, num_samples: int = 3, beam_width: int = 3
+) -> BenchResult:
     """One prompt's rollout group: ours (N samples + beam top-1, one prefill, the prompt KV kept
     once: cascade attention) vs HF `generate` with Outlines' llguidance logits processor
     producing the same N samples (no beam: HF beam search reorders rows under Outlines' per-row
@@ -119,10 +130,12 @@ def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width
     task, prompts = real_prompts(cfg, tokenizer, 1)
     prompt = prompts[0]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
-    copied = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens,
-                                cascade=False)
+    copied = ConstrainedDecoder(
+        model, tokenizer, task.grammar(), cfg.task.max_new_tokens, cascade=False
+    )
     processor = LLGuidanceBackend(from_transformers(model, tokenizer)).get_cfg_logits_processor(
-        lark_source(task.grammar()))
+        lark_source(task.grammar())
+    )
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], device=device)
     stop = end_of_turn_id(tokenizer)
@@ -138,28 +151,47 @@ def group_rollout(bench: Bench, task_name: str, num_samples: int = 3, beam_width
         processor.reset()
         torch.manual_seed(cfg.seed)
         out = model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-            top_k=0, top_p=1.0, num_return_sequences=num_samples,
-            max_new_tokens=cfg.task.max_new_tokens, eos_token_id=stop, pad_token_id=stop,
-            logits_processor=LogitsProcessorList([processor]))
-        generated = out[:, len(prompt):]
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_return_sequences=num_samples,
+            max_new_tokens=cfg.task.max_new_tokens,
+            eos_token_id=stop,
+            pad_token_id=stop,
+            logits_processor=LogitsProcessorList([processor]),
+        )
+        generated = out[:, len(prompt) :]
         lengths = [output_length(row.tolist(), stop) for row in generated]
         peer_lengths.extend(lengths)
         return lengths
 
-    timing = interleaved({"ours": ours, "hf_generate_outlines": peer,
-                          "copied_rows": lambda: ours(copied)}, bench.repeats)
+    timing = interleaved(
+        {"ours": ours, "hf_generate_outlines": peer, "copied_rows": lambda: ours(copied)},
+        bench.repeats,
+    )
     o, h = timing["ours"]["median_s"], timing["hf_generate_outlines"]["median_s"]
     c = timing["copied_rows"]["median_s"]
     return BenchResult(
-        name=f"group_rollout/{task_name}", ratio=h / o, goal=2.0, at_most=False,
-        details={"task": task_name, "prompt_tokens": len(prompt), "num_samples": num_samples,
-                 "beam_width": beam_width, "ours_s": timing["ours"],
-                 "hf_generate_outlines_s": timing["hf_generate_outlines"],
-                 "copied_rows_s": timing["copied_rows"],
-                 "copied_rows_ratio": round(h / c, 4),
-                 "peer_output_tokens": peer_lengths[-num_samples:],
-                 "ratio_is": "peer seconds / our seconds (ours also runs the beam)"})
+        name=f"group_rollout/{task_name}",
+        ratio=h / o,
+        goal=2.0,
+        at_most=False,
+        details={
+            "task": task_name,
+            "prompt_tokens": len(prompt),
+            "num_samples": num_samples,
+            "beam_width": beam_width,
+            "ours_s": timing["ours"],
+            "hf_generate_outlines_s": timing["hf_generate_outlines"],
+            "copied_rows_s": timing["copied_rows"],
+            "copied_rows_ratio": round(h / c, 4),
+            "peer_output_tokens": peer_lengths[-num_samples:],
+            "ratio_is": "peer seconds / our seconds (ours also runs the beam)",
+        },
+    )
 
 
 def eval_batching(bench: Bench, task_name: str, batch_size: int = 8) -> BenchResult:
@@ -195,8 +227,11 @@ def eval_batching(bench: Bench, task_name: str, batch_size: int = 8) -> BenchRes
 
     # Long calls (a batch of real prompts each): no warm-up call, the model already ran; one
     # timed call per variant unless more repeats are asked for.
-    timing = interleaved({"batched": batched, "batch_1": one_by_one, "prefill": prefill_only},
-                         1 if bench.repeats <= 2 else bench.repeats, warmup=False)
+    timing = interleaved(
+        {"batched": batched, "batch_1": one_by_one, "prefill": prefill_only},
+        1 if bench.repeats <= 2 else bench.repeats,
+        warmup=False,
+    )
     outputs = timing["batched"].pop("result"), timing["batch_1"].pop("result")
     timing["prefill"].pop("result")
     b, s, prefill = (timing[v]["median_s"] for v in ("batched", "batch_1", "prefill"))
@@ -205,41 +240,66 @@ def eval_batching(bench: Bench, task_name: str, batch_size: int = 8) -> BenchRes
     growth = decode_step_growth(model, max(prompts, key=len), batch_size)
     reachable = s / (prefill + per_token * growth["ratio"] * max(lengths["batched"]))
     return BenchResult(
-        name=f"eval_batching/{task_name}", ratio=s / b, goal=round(0.9 * reachable, 3),
+        name=f"eval_batching/{task_name}",
+        ratio=s / b,
+        goal=round(0.9 * reachable, 3),
         at_most=False,
-        details={"task": task_name, "batch_size": batch_size,
-                 "prompt_tokens": [len(p) for p in prompts], "batched_s": timing["batched"],
-                 "batch_1_s": timing["batch_1"], "prefill_s": timing["prefill"],
-                 "output_tokens": lengths, "prefill_share": round(prefill / s, 4),
-                 "reachable_ratio": round(reachable, 4), "decode_step_growth": growth,
-                 "goal_is": "0.9 x reachable_ratio (prefill cannot be batched away)",
-                 # bfloat16 rounds differently at another batch shape, so a near-tie arg-max
-                 # can flip: count how often batching changed a greedy output.
-                 "differing_outputs": sum(a != c for a, c in zip(*outputs)),
-                 "examples_per_s": {"batched": round(batch_size / b, 4),
-                                    "batch_1": round(batch_size / s, 4)}})
+        details={
+            "task": task_name,
+            "batch_size": batch_size,
+            "prompt_tokens": [len(p) for p in prompts],
+            "batched_s": timing["batched"],
+            "batch_1_s": timing["batch_1"],
+            "prefill_s": timing["prefill"],
+            "output_tokens": lengths,
+            "prefill_share": round(prefill / s, 4),
+            "reachable_ratio": round(reachable, 4),
+            "decode_step_growth": growth,
+            "goal_is": "0.9 x reachable_ratio (prefill cannot be batched away)",
+            # bfloat16 rounds differently at another batch shape, so a near-tie arg-max
+            # can flip: count how often batching changed a greedy output.
+            "differing_outputs": sum(a != c for a, c in zip(*outputs)),
+            "examples_per_s": {
+                "batched": round(batch_size / b, 4),
+                "batch_1": round(batch_size / s, 4),
+            },
+        },
+    )
 
 
 @torch.inference_mode()
-def decode_step_growth(model: torch.nn.Module, prompt: list[int], rows: int, repeats: int = 5
-                       ) -> dict[str, float]:
+def decode_step_growth(
+    model: torch.nn.Module, prompt: list[int], rows: int, repeats: int = 5
+) -> dict[str, float]:
     """Median seconds of one plain decode forward (one token per row) over `rows` rows vs over
     one row, each row with a cache as long as `prompt` (its contents do not change the cost)."""
     device = next(model.parameters()).device
-    cache = output_kv_cache(model(input_ids=torch.tensor([prompt], device=device), use_cache=True,
-                                  logits_to_keep=1))
+    cache = output_kv_cache(
+        model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
+    )
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     seconds = {}
     for batch in (1, rows):
+
         def step(batch: int = batch) -> float:
-            wide = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1).contiguous(),
-                                                 v.expand(batch, -1, -1, -1).contiguous())
-                                                for k, v in kv])
+            wide = DynamicCache(
+                ddp_cache_data=[
+                    (
+                        k.expand(batch, -1, -1, -1).contiguous(),
+                        v.expand(batch, -1, -1, -1).contiguous(),
+                    )
+                    for k, v in kv
+                ]
+            )
             ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
             start = time.perf_counter()
             model(input_ids=ids, use_cache=True, **with_kv_cache(wide))
             return time.perf_counter() - start
+
         step()
         seconds[batch] = statistics.median(step() for _ in range(repeats))
-    return {"one_row_s": round(seconds[1], 5), f"{rows}_rows_s": round(seconds[rows], 5),
-            "ratio": round(seconds[rows] / seconds[1], 4)}
+    return {
+        "one_row_s": round(seconds[1], 5),
+        f"{rows}_rows_s": round(seconds[rows], 5),
+        "ratio": round(seconds[rows] / seconds[1], 4),
+    }

@@ -30,8 +30,9 @@ def run_steps(bench: Bench, steps: int, *overrides: str) -> list[dict[str, float
     return train_module(bench, steps, *overrides)[1]
 
 
-def train_module(bench: Bench, steps: int, *overrides: str,
-                 record: list | None = None) -> tuple[Any, list[dict[str, float]]]:
+def train_module(
+    bench: Bench, steps: int, *overrides: str, record: list | None = None
+) -> tuple[Any, list[dict[str, float]]]:
     """The GrammarRLModule after `steps` real training steps, and each step's wall time per
     phase; `record` (if given) receives each step's StepOutputs (rollouts, rewards, loss)."""
     from grammarrl.callbacks import PhaseTimer
@@ -44,14 +45,28 @@ def train_module(bench: Bench, steps: int, *overrides: str,
     L.seed_everything(cfg.seed, verbose=False)
     model, tokenizer = bench.load(cfg)
     task = load_task(cfg)
-    module = GrammarRLModule(cfg, add_lora(model, cfg.lora), tokenizer, task,
-                             cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    module = GrammarRLModule(
+        cfg,
+        add_lora(model, cfg.lora),
+        tokenizer,
+        task,
+        cfg.reward.sigma_direct,
+        cfg.reward.sigma_reverse,
+    )
     timer = PhaseTimer()
     trainer = L.Trainer(
-        accelerator=cfg.trainer.accelerator, devices=1, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, limit_val_batches=0, gradient_clip_val=cfg.trainer.gradient_clip_val,
-        callbacks=[timer])
+        accelerator=cfg.trainer.accelerator,
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=cfg.trainer.gradient_clip_val,
+        callbacks=[timer],
+    )
     if record is not None:
         step_loss = module.step_loss
         module.step_loss = lambda batch: record.append(step_loss(batch)) or record[-1]
@@ -65,20 +80,30 @@ def median_phases(history: list[dict[str, float]], skip: int = 1) -> dict[str, f
     return {phase: round(statistics.median(h[phase] for h in kept), 4) for phase in PHASES}
 
 
-def prefix_sharing(bench: Bench, task_name: str, batch_size: int = 1, steps: int = 1,
-                   extra: tuple[str, ...] = ()) -> BenchResult:
+def prefix_sharing(
+    bench: Bench, task_name: str, batch_size: int = 1, steps: int = 1, extra: tuple[str, ...] = ()
+) -> BenchResult:
     """One RL step with the prompt's KV cache shared across the group (and static prefixes
     cached) vs the same step with `train.share_prefix=false`; same inputs and seeds."""
     common = (f"task={task_name}", f"optim.batch_size={batch_size}", *extra)
     shared = median_phases(run_steps(bench, steps, *common, "train.share_prefix=true"))
     unshared = median_phases(run_steps(bench, steps, *common, "train.share_prefix=false"))
     return BenchResult(
-        name=f"rl_step_prefix_sharing/{task_name}", ratio=unshared["step"] / shared["step"],
-        goal=2.5, at_most=False,
-        details={"task": task_name, "batch_size": batch_size, "steps": steps,
-                 "timed_steps": max(steps - 1, 1), "overrides": list(extra),
-                 "shared_s": shared, "unshared_s": unshared,
-                 "phase_ratio": {p: round(unshared[p] / max(shared[p], 1e-9), 3) for p in PHASES}})
+        name=f"rl_step_prefix_sharing/{task_name}",
+        ratio=unshared["step"] / shared["step"],
+        goal=2.5,
+        at_most=False,
+        details={
+            "task": task_name,
+            "batch_size": batch_size,
+            "steps": steps,
+            "timed_steps": max(steps - 1, 1),
+            "overrides": list(extra),
+            "shared_s": shared,
+            "unshared_s": unshared,
+            "phase_ratio": {p: round(unshared[p] / max(shared[p], 1e-9), 3) for p in PHASES},
+        },
+    )
 
 
 def dtype_pair(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
@@ -93,12 +118,20 @@ def dtype_pair(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     release_memory()
     auto = median_phases(run_steps(bench, steps, *common, "model.dtype=auto"))
     return BenchResult(
-        name=f"rl_step_dtype/{task_name}", ratio=fp32["step"] / auto["step"], goal=1.7,
+        name=f"rl_step_dtype/{task_name}",
+        ratio=fp32["step"] / auto["step"],
+        goal=1.7,
         at_most=False,
-        details={"task": task_name, "steps": steps, "timed_steps": max(steps - 1, 1),
-                 "auto_dtype": str(chosen).removeprefix("torch."), "float32_s": fp32,
-                 "auto_s": auto,
-                 "phase_ratio": {p: round(fp32[p] / max(auto[p], 1e-9), 3) for p in PHASES}})
+        details={
+            "task": task_name,
+            "steps": steps,
+            "timed_steps": max(steps - 1, 1),
+            "auto_dtype": str(chosen).removeprefix("torch."),
+            "float32_s": fp32,
+            "auto_s": auto,
+            "phase_ratio": {p: round(fp32[p] / max(auto[p], 1e-9), 3) for p in PHASES},
+        },
+    )
 
 
 def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
@@ -121,8 +154,9 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     from grammarrl.models import reference_mode
 
     record: list = []
-    module, history = train_module(bench, steps, f"task={task_name}", "optim.batch_size=1",
-                                   record=record)
+    module, history = train_module(
+        bench, steps, f"task={task_name}", "optim.batch_size=1", record=record
+    )
     step = history[-1]
     rollouts = record[-1].rollouts
     prompt, group = rollouts.prompts[0], rollouts.groups[0]
@@ -134,20 +168,29 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     candidates = [t for g in group for t in g.token_ids]
     scorer = module.scorer
     static = len(scorer.reverse_static_prefix().tokens)
-    reverse = [t for g in group for t in
-               encode_prompt(module.tokenizer, module.task.reverse_messages(g.text))[static:]
-               + scorer.input_ids(example)]
+    reverse = [
+        t
+        for g in group
+        for t in encode_prompt(module.tokenizer, module.task.reverse_messages(g.text))[static:]
+        + scorer.input_ids(example)
+    ]
 
     def ids(tokens: list[int]) -> torch.Tensor:
         return torch.tensor([tokens], device=device)
 
     @torch.no_grad()
     def rollout() -> None:
-        rows_at = [sum(n > t for n in lengths[:num_samples]) + beam_width * (lengths[-1] > t)
-                   for t in range(max(lengths))]
+        rows_at = [
+            sum(n > t for n in lengths[:num_samples]) + beam_width * (lengths[-1] > t)
+            for t in range(max(lengths))
+        ]
         cache = StaticCache(config=policy.config, max_cache_len=len(prompt) + max(rows_at))
-        policy(input_ids=ids(prompt), **with_kv_cache(cache), logits_to_keep=1,
-               cache_position=torch.arange(len(prompt), device=device))
+        policy(
+            input_ids=ids(prompt),
+            **with_kv_cache(cache),
+            logits_to_keep=1,
+            cache_position=torch.arange(len(prompt), device=device),
+        )
         for t, rows in enumerate(rows_at):
             # The running rows' tokens as one sequence after the prompt's KV, rewritten in place
             # each step: each row reads the one prompt KV (its own earlier tokens are left out).
@@ -156,10 +199,12 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
             for layer in cache.layers:
                 if hasattr(layer, "cumulative_length"):
                     layer.cumulative_length.fill_(len(prompt))
-            policy(input_ids=torch.zeros(1, rows, dtype=torch.long, device=device),
-                   **with_kv_cache(cache),
-                   cache_position=torch.arange(len(prompt), len(prompt) + rows, device=device),
-                   position_ids=torch.full((1, rows), len(prompt) + t, device=device))
+            policy(
+                input_ids=torch.zeros(1, rows, dtype=torch.long, device=device),
+                **with_kv_cache(cache),
+                cache_position=torch.arange(len(prompt), len(prompt) + rows, device=device),
+                position_ids=torch.full((1, rows), len(prompt) + t, device=device),
+            )
 
     @torch.no_grad()
     def scoring() -> None:
@@ -170,8 +215,9 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     def policy_pass() -> tuple[float, float]:
         policy_train_mode(policy, dropout=False)
         start = time.perf_counter()
-        logits = policy(input_ids=ids(prompt + candidates),
-                        logits_to_keep=len(candidates) + 1).logits
+        logits = policy(
+            input_ids=ids(prompt + candidates), logits_to_keep=len(candidates) + 1
+        ).logits
         logp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, ids(candidates).T).sum()
         forward = time.perf_counter() - start
         logp.backward()
@@ -194,18 +240,33 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     floor["step"] = round(sum(floor.values()), 4)
     measured = {p: round(step[p], 4) for p in PHASES}
     return BenchResult(
-        name=f"rl_step_floor/{task_name}", ratio=measured["step"] / floor["step"], goal=1.3,
+        name=f"rl_step_floor/{task_name}",
+        ratio=measured["step"] / floor["step"],
+        goal=1.3,
         at_most=True,
-        details={"task": task_name, "steps": steps, "timed_step": steps,
-                 "prompt_tokens": len(prompt), "candidate_tokens": lengths,
-                 "reverse_tokens": len(reverse), "reverse_static_tokens": static,
-                 "step_s": measured, "floor_s": floor,
-                 "phase_ratio": {p: round(measured[p] / max(floor[p], 1e-9), 3) for p in PHASES},
-                 "unaccounted_s": round(measured["step"] - sum(measured[p] for p in PHASES[:-1]), 4)})
+        details={
+            "task": task_name,
+            "steps": steps,
+            "timed_step": steps,
+            "prompt_tokens": len(prompt),
+            "candidate_tokens": lengths,
+            "reverse_tokens": len(reverse),
+            "reverse_static_tokens": static,
+            "step_s": measured,
+            "floor_s": floor,
+            "phase_ratio": {p: round(measured[p] / max(floor[p], 1e-9), 3) for p in PHASES},
+            "unaccounted_s": round(measured["step"] - sum(measured[p] for p in PHASES[:-1]), 4),
+        },
+    )
 
 
-def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tuple[int, ...],
-            steps: int = 1) -> BenchResult:
+def scaling(
+    bench: Bench,
+    task_name: str,
+    fewshots: tuple[int, ...],
+    samples: tuple[int, ...],
+    steps: int = 1,
+) -> BenchResult:
     """Step time vs prompt length (few-shot count) and N, shared vs unshared. The ratio is how
     much more the unshared step grows from the smallest to the largest N than the shared one."""
     from grammarrl.chat import encode_prompt
@@ -219,13 +280,23 @@ def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tu
         example = task.splits().train[0]
         prompt_tokens = len(encode_prompt(tokenizer, task.forward_messages(example)))
         for n in samples:
-            row: dict[str, Any] = {"num_fewshot": fewshot, "prompt_tokens": prompt_tokens,
-                                   "num_samples": n}
+            row: dict[str, Any] = {
+                "num_fewshot": fewshot,
+                "prompt_tokens": prompt_tokens,
+                "num_samples": n,
+            }
             for share in (True, False):
-                phases = median_phases(run_steps(
-                    bench, steps, f"task={task_name}", f"task.num_fewshot={fewshot}",
-                    f"rollout.num_samples={n}", "optim.batch_size=1",
-                    f"train.share_prefix={str(share).lower()}"))
+                phases = median_phases(
+                    run_steps(
+                        bench,
+                        steps,
+                        f"task={task_name}",
+                        f"task.num_fewshot={fewshot}",
+                        f"rollout.num_samples={n}",
+                        "optim.batch_size=1",
+                        f"train.share_prefix={str(share).lower()}",
+                    )
+                )
                 row["shared_s" if share else "unshared_s"] = phases["step"]
                 release_memory()
             rows.append(row)
@@ -235,31 +306,55 @@ def scaling(bench: Bench, task_name: str, fewshots: tuple[int, ...], samples: tu
     growth_shared = hi["shared_s"] / lo["shared_s"]
     growth_unshared = hi["unshared_s"] / lo["unshared_s"]
     return BenchResult(
-        name=f"rl_step_scaling/{task_name}", ratio=growth_unshared / growth_shared, goal=1.0,
+        name=f"rl_step_scaling/{task_name}",
+        ratio=growth_unshared / growth_shared,
+        goal=1.0,
         at_most=False,
-        details={"table": rows, "growth_in_n_shared": round(growth_shared, 3),
-                 "growth_in_n_unshared": round(growth_unshared, 3),
-                 "ratio_is": "unshared growth / shared growth from the smallest to the largest N "
-                             "at the longest prompt (> 1: shared grows slower)"})
+        details={
+            "table": rows,
+            "growth_in_n_shared": round(growth_shared, 3),
+            "growth_in_n_unshared": round(growth_unshared, 3),
+            "ratio_is": "unshared growth / shared growth from the smallest to the largest N "
+            "at the longest prompt (> 1: shared grows slower)",
+        },
+    )
 
 
-def peak_memory(bench: Bench, task_name: str, checkpointing: bool = False, batch_size: int = 1,
-                limit_gb: float = 4.0) -> BenchResult:
+def peak_memory(
+    bench: Bench,
+    task_name: str,
+    checkpointing: bool = False,
+    batch_size: int = 1,
+    limit_gb: float = 4.0,
+) -> BenchResult:
     """Peak resident memory (VmHWM) of a fresh process that loads the model and the task and
     runs 2 RL steps at the paper's N=3, B=3; with `train.gradient_checkpointing` if asked."""
     overrides = [*bench.overrides, f"train.gradient_checkpointing={str(checkpointing).lower()}"]
-    args = [sys.executable, "-m", "benchmarks.rl_step", "--task", task_name, "--model",
-            bench.model, "--batch-size", str(batch_size), *[f"--override={o}" for o in overrides]]
+    args = [
+        sys.executable,
+        "-m",
+        "benchmarks.rl_step",
+        "--task",
+        task_name,
+        "--model",
+        bench.model,
+        "--batch-size",
+        str(batch_size),
+        *[f"--override={o}" for o in overrides],
+    ]
     done = subprocess.run(args, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the memory probe failed: {done.stderr[-2000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
     gb = report["max_rss_kb"] / 2**20
     suffix = "+checkpointing" if checkpointing else ""
-    return BenchResult(name=f"rl_step_peak_memory_gb/{task_name}{suffix}", ratio=gb,
-                       goal=limit_gb, at_most=True,
-                       details={"batch_size": batch_size, "gradient_checkpointing": checkpointing,
-                                **report})
+    return BenchResult(
+        name=f"rl_step_peak_memory_gb/{task_name}{suffix}",
+        ratio=gb,
+        goal=limit_gb,
+        at_most=True,
+        details={"batch_size": batch_size, "gradient_checkpointing": checkpointing, **report},
+    )
 
 
 def _memory_probe() -> None:
@@ -274,14 +369,24 @@ def _memory_probe() -> None:
     args = parser.parse_args()
     bench = Bench(model=args.model, overrides=args.override)
     record: list = []
-    steps = (f"task={args.task}", f"optim.batch_size={args.batch_size}", "rollout.num_samples=3",
-             "rollout.beam_width=3")
+    steps = (
+        f"task={args.task}",
+        f"optim.batch_size={args.batch_size}",
+        "rollout.num_samples=3",
+        "rollout.beam_width=3",
+    )
     _, history = train_module(bench, 2, *steps, record=record)
     peak_kb = peak_rss_kb()
-    print(json.dumps({"max_rss_kb": peak_kb,
-                      "step_s": [h["step"] for h in history],
-                      "policy_tokens": [policy_tokens(out.rollouts) for out in record],
-                      **planned(bench.config(*STEP_OVERRIDES, *steps), record, peak_kb)}))
+    print(
+        json.dumps(
+            {
+                "max_rss_kb": peak_kb,
+                "step_s": [h["step"] for h in history],
+                "policy_tokens": [policy_tokens(out.rollouts) for out in record],
+                **planned(bench.config(*STEP_OVERRIDES, *steps), record, peak_kb),
+            }
+        )
+    )
 
 
 def planned(cfg: Any, record: list, peak_kb: int) -> dict[str, Any]:
@@ -294,17 +399,21 @@ def planned(cfg: Any, record: list, peak_kb: int) -> dict[str, Any]:
     lengths = [len(g.token_ids) for group in largest.groups for g in group]
     candidate = -(-sum(lengths) // len(lengths))
     plan = plan_step(cfg, prompt, candidate, runtime_bytes(cfg))
-    return {"plan_gb": round(plan.total / GIB, 3), "plan_parts_gb":
-            {k: round(v / GIB, 3) for k, v in plan.parts.items()},
-            "plan_error": round(plan.total / (peak_kb * 1024) - 1, 3),
-            "plan_tokens": {"prompt": prompt, "candidate": candidate}}
+    return {
+        "plan_gb": round(plan.total / GIB, 3),
+        "plan_parts_gb": {k: round(v / GIB, 3) for k, v in plan.parts.items()},
+        "plan_error": round(plan.total / (peak_kb * 1024) - 1, 3),
+        "plan_tokens": {"prompt": prompt, "candidate": candidate},
+    }
 
 
 def policy_tokens(rollouts: Any) -> int:
     """Tokens of a step's policy pass with a shared prefix: each prompt once, then its group's
     candidates (what the activation memory of the pass scales with)."""
-    return sum(len(prompt) + sum(len(g.token_ids) for g in group)
-               for prompt, group in zip(rollouts.prompts, rollouts.groups))
+    return sum(
+        len(prompt) + sum(len(g.token_ids) for g in group)
+        for prompt, group in zip(rollouts.prompts, rollouts.groups)
+    )
 
 
 def peak_rss_kb() -> int:

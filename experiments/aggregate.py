@@ -40,12 +40,16 @@ def write_table(table: Table, out: Path) -> list[Path]:
     return [md, tex]
 
 
-def runs_listing(runs: Sequence[Run], finished: Callable[[Run], bool], roots: Sequence[Path]) -> str:
+def runs_listing(
+    runs: Sequence[Run], finished: Callable[[Run], bool], roots: Sequence[Path]
+) -> str:
     """Markdown list of every run with its status and configuration."""
     lines = ["| run | status | wall time | configuration |", "|---|---|---|---|"]
     for run in runs:
-        rel = next((str(run.path.relative_to(r)) for r in roots if run.path.is_relative_to(r)),
-                   str(run.path))
+        rel = next(
+            (str(run.path.relative_to(r)) for r in roots if run.path.is_relative_to(r)),
+            str(run.path),
+        )
         status = "ok" if finished(run) else "**missing**"
         if not finished(run) and run.failure:
             error = " ".join(run.failure.split()).replace("|", "\\|")[:300]
@@ -56,19 +60,26 @@ def runs_listing(runs: Sequence[Run], finished: Callable[[Run], bool], roots: Se
     return "\n".join(lines) + "\n"
 
 
-def curves_figure(evals: Sequence[Evaluation], out: Path, name: str,
-                  label: Callable[[Evaluation], str]) -> list[Path]:
+def curves_figure(
+    evals: Sequence[Evaluation], out: Path, name: str, label: Callable[[Evaluation], str]
+) -> list[Path]:
     """Train/dev curves of the training runs behind `evals` (greedy results only)."""
     curves, metric_names = [], {}
     for ev in evals:
         if ev.mode != "train" or ev.name != "results":
             continue
         series = analysis.read_metrics(ev.run)
-        train, dev = series.get(f"val/train_{ev.metric}", []), series.get(f"val/dev_{ev.metric}", [])
+        train, dev = (
+            series.get(f"val/train_{ev.metric}", []),
+            series.get(f"val/dev_{ev.metric}", []),
+        )
         if len(dev) < 2:
-            print(f"note: {ev.run.path} was validated at {len(dev)} step(s), so {name}.png has "
-                  f"no dev line for it (trainer.val_check_interval={ev.get('trainer.val_check_interval')}"
-                  f", trainer.max_steps={ev.get('trainer.max_steps')})", file=sys.stderr)
+            print(
+                f"note: {ev.run.path} was validated at {len(dev)} step(s), so {name}.png has "
+                f"no dev line for it (trainer.val_check_interval={ev.get('trainer.val_check_interval')}"
+                f", trainer.max_steps={ev.get('trainer.max_steps')})",
+                file=sys.stderr,
+            )
         if train or dev:
             curves.append(figures.Curve(ev.task, label(ev), train, dev))
             metric_names[ev.task] = ev.metric
@@ -85,15 +96,20 @@ def _first_model(evals: Sequence[Evaluation]) -> list[Evaluation]:
 def report_sweep(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
     keys = paper_tables.sweep_keys(evals)
     return write_table(paper_tables.sweep_table(evals), out) + curves_figure(
-        evals, out, "training_curves", lambda ev: paper_tables.sweep_label(ev, keys))
+        evals, out, "training_curves", lambda ev: paper_tables.sweep_label(ev, keys)
+    )
 
 
 def report_main(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
     written = write_table(paper_tables.main_table(evals), out)
-    trained = [ev for ev in _first_model(evals) if paper_tables.where(
-        GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev)]
-    return written + curves_figure(trained, out, "training_curves",
-                                   lambda ev: f"λ={paper_tables.lambda_label(ev.lam)}")
+    trained = [
+        ev
+        for ev in _first_model(evals)
+        if paper_tables.where(GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev)
+    ]
+    return written + curves_figure(
+        trained, out, "training_curves", lambda ev: f"λ={paper_tables.lambda_label(ev.lam)}"
+    )
 
 
 def report_lambda(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
@@ -122,8 +138,9 @@ def _baselines(args: argparse.Namespace, evals: list[Evaluation]) -> dict[str, l
     return found
 
 
-def conll_empty_fields(trained: list[Evaluation], baselines: list[Evaluation],
-                       out: Path) -> list[Path]:
+def conll_empty_fields(
+    trained: list[Evaluation], baselines: list[Evaluation], out: Path
+) -> list[Path]:
     """Paper Figure "CoNLL empty fields and micro-F1 against λ" (+ its numbers as a table)."""
     points = []
     for ev in sorted(trained, key=lambda e: e.lam):
@@ -132,20 +149,33 @@ def conll_empty_fields(trained: list[Evaluation], baselines: list[Evaluation],
     lines: dict[str, dict[str, float]] = {"empty": {}, "f1": {}}
     for ev in baselines:
         name = ev.decoding
-        lines["empty"][name] = analysis.per_set_mean(analysis.read_predictions(ev),
-                                                     analysis.empty_field_rate)[0]
+        lines["empty"][name] = analysis.per_set_mean(
+            analysis.read_predictions(ev), analysis.empty_field_rate
+        )[0]
         lines["f1"][name] = ev.summary()[0]
-    png = figures.against_lambda(points, [("empty", "gold fields left empty (%)"),
-                                          ("f1", "micro-F1")], out / "conll_empty_fields.png",
-                                 lines, title="CoNLL: empty-field errors and micro-F1 vs λ")
-    rows = [Row(paper_tables.lambda_label(p.lam),
-                [Cell(*p.values["empty"]), Cell(*p.values["f1"])]) for p in points]
-    base_rows = [Row(f"frozen ({name})", [Cell(lines["empty"][name]), Cell(lines["f1"][name])])
-                 for name in lines["f1"]]
-    table = Table("conll_empty_fields", "CoNLL: percentage of gold non-empty fields left empty, "
-                  "and micro-F1, against λ (mean ± std over test sets).",
-                  ["λ", "empty fields (%)", "micro-F1"],
-                  [Block(rows)] + ([Block(base_rows)] if base_rows else []), best=None)
+    png = figures.against_lambda(
+        points,
+        [("empty", "gold fields left empty (%)"), ("f1", "micro-F1")],
+        out / "conll_empty_fields.png",
+        lines,
+        title="CoNLL: empty-field errors and micro-F1 vs λ",
+    )
+    rows = [
+        Row(paper_tables.lambda_label(p.lam), [Cell(*p.values["empty"]), Cell(*p.values["f1"])])
+        for p in points
+    ]
+    base_rows = [
+        Row(f"frozen ({name})", [Cell(lines["empty"][name]), Cell(lines["f1"][name])])
+        for name in lines["f1"]
+    ]
+    table = Table(
+        "conll_empty_fields",
+        "CoNLL: percentage of gold non-empty fields left empty, "
+        "and micro-F1, against λ (mean ± std over test sets).",
+        ["λ", "empty fields (%)", "micro-F1"],
+        [Block(rows)] + ([Block(base_rows)] if base_rows else []),
+        best=None,
+    )
     return [png, *write_table(table, out)]
 
 
@@ -155,15 +185,33 @@ def gloss_trap_tokens(trained: list[Evaluation], out: Path) -> list[Path]:
     points = []
     for ev in sorted(trained, key=lambda e: e.lam):
         rows = analysis.read_predictions(ev)
-        points.append(figures.LambdaPoint(float(ev.lam), {
-            term: analysis.per_set_mean(rows, analysis.term_count(term)) for term in terms}))
-    table = Table("gloss_trap_tokens", "Trap tokens in gloss predictions against λ: mean "
-                  "occurrences per test set; bold: lowest.", ["λ", *terms[:-1], "bare X"],
-                  [Block([Row(paper_tables.lambda_label(p.lam),
-                              [Cell(p.values[t][0]) for t in terms]) for p in points])],
-                  best="min", digits=1).mark_best()
-    png = figures.against_lambda(points, [(t, f"{t} per test set") for t in terms],
-                                 out / "gloss_trap_tokens.png", title="Gloss: trap tokens vs λ")
+        points.append(
+            figures.LambdaPoint(
+                float(ev.lam),
+                {term: analysis.per_set_mean(rows, analysis.term_count(term)) for term in terms},
+            )
+        )
+    table = Table(
+        "gloss_trap_tokens",
+        "Trap tokens in gloss predictions against λ: mean occurrences per test set; bold: lowest.",
+        ["λ", *terms[:-1], "bare X"],
+        [
+            Block(
+                [
+                    Row(paper_tables.lambda_label(p.lam), [Cell(p.values[t][0]) for t in terms])
+                    for p in points
+                ]
+            )
+        ],
+        best="min",
+        digits=1,
+    ).mark_best()
+    png = figures.against_lambda(
+        points,
+        [(t, f"{t} per test set") for t in terms],
+        out / "gloss_trap_tokens.png",
+        title="Gloss: trap tokens vs λ",
+    )
     return [*write_table(table, out), png]
 
 
@@ -192,8 +240,13 @@ REPORTS = {
 }
 
 
-def aggregate(report: str, dirs: Sequence[str | Path], out: Path | None = None,
-              baselines: Sequence[str] = (), num_sets: int | None = None) -> list[Path]:
+def aggregate(
+    report: str,
+    dirs: Sequence[str | Path],
+    out: Path | None = None,
+    baselines: Sequence[str] = (),
+    num_sets: int | None = None,
+) -> list[Path]:
     """Write the report's tables and figures plus `runs.md`; returns the files written."""
     if report not in REPORTS:
         raise AggregationError(f"unknown report {report!r}: one of {', '.join(REPORTS)}")
@@ -214,28 +267,40 @@ def aggregate(report: str, dirs: Sequence[str | Path], out: Path | None = None,
         finished = Run.finished.fget
         evals = sweep.evaluations()
         if not evals:
-            raise AggregationError(f"{', '.join(map(str, dirs))}: {len(sweep.runs)} runs, none "
-                                   "with a results file (all failed or unfinished?)")
+            raise AggregationError(
+                f"{', '.join(map(str, dirs))}: {len(sweep.runs)} runs, none "
+                "with a results file (all failed or unfinished?)"
+            )
         written = REPORTS[report](evals, out, args)
     listing = out / "runs.md"
     listing.write_text(runs_listing(sweep.runs, finished, sweep.roots), encoding="utf-8")
     missing = [run for run in sweep.runs if not finished(run)]
     for run in missing:
         failure = f": {run.failure}" if run.failure else ""
-        print(f"{'failed' if failure else 'missing'}: {run.path} ({run.describe()}){failure}",
-              file=sys.stderr)
+        print(
+            f"{'failed' if failure else 'missing'}: {run.path} ({run.describe()}){failure}",
+            file=sys.stderr,
+        )
     return [*written, listing]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.aggregate",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.aggregate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("report", choices=list(REPORTS))
-    parser.add_argument("dirs", nargs="+", help="sweep directories (multirun/<date>/<time>); "
-                        "evidence2: TRAIN BASELINES [PROPOSAL]")
+    parser.add_argument(
+        "dirs",
+        nargs="+",
+        help="sweep directories (multirun/<date>/<time>); evidence2: TRAIN BASELINES [PROPOSAL]",
+    )
     parser.add_argument("--out", type=Path, help="output directory (default <first dir>/aggregate)")
-    parser.add_argument("--baselines", nargs="*", default=[],
-                        help="sweeps holding the frozen-model evaluations for reference lines")
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        default=[],
+        help="sweeps holding the frozen-model evaluations for reference lines",
+    )
     parser.add_argument("--num-sets", type=int, help="use only the first k test sets of each run")
     args = parser.parse_args(argv)
     try:

@@ -27,8 +27,9 @@ def read_predictions(ev: Evaluation) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def per_set_mean(rows: Sequence[dict[str, Any]],
-                 statistic: Callable[[list[dict[str, Any]]], float]) -> tuple[float, float]:
+def per_set_mean(
+    rows: Sequence[dict[str, Any]], statistic: Callable[[list[dict[str, Any]]], float]
+) -> tuple[float, float]:
     """(mean, std) over test sets (the `set` field) of a statistic of each set's rows."""
     sets: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -57,12 +58,21 @@ def calibration_entry(run: Run) -> dict[str, Any] | None:
     the entry measured in this run in its shared calibration file (`reward.calibration_file`,
     by default cache_dir/calibration.json) under its task/model/nN_bB key; None when neither
     holds it (the run failed)."""
-    key = calibration_key(OmegaConf.create({
-        "task": {"name": run.get("task.name")}, "model": {"name": run.get("model.name")},
-        "rollout": {"num_samples": run.get("rollout.num_samples"),
-                    "beam_width": run.get("rollout.beam_width")}}))
+    key = calibration_key(
+        OmegaConf.create(
+            {
+                "task": {"name": run.get("task.name")},
+                "model": {"name": run.get("model.name")},
+                "rollout": {
+                    "num_samples": run.get("rollout.num_samples"),
+                    "beam_width": run.get("rollout.beam_width"),
+                },
+            }
+        )
+    )
     shared = run.get("reward.calibration_file") or Path(str(run.get("cache_dir", ""))) / (
-        "calibration.json")
+        "calibration.json"
+    )
     own = run.path / "calibration.json"
     if own.is_file():
         table = json.loads(own.read_text())
@@ -74,6 +84,11 @@ def calibration_entry(run: Run) -> dict[str, Any] | None:
         found = [e for e in stored if e.get("measured_in", str(run.path)) == str(run.path)]
     if not found:
         return None
-    return {"task": run.get("task.name"), "model": run.get("model.name"),
-            "n": run.get("rollout.num_samples"), "b": run.get("rollout.beam_width"),
-            "source": str(source), **found[-1]}
+    return {
+        "task": run.get("task.name"),
+        "model": run.get("model.name"),
+        "n": run.get("rollout.num_samples"),
+        "b": run.get("rollout.beam_width"),
+        "source": str(source),
+        **found[-1],
+    }

@@ -22,8 +22,9 @@ from grammarrl.models import add_lora, load_model
 
 def checkpoint_adapter(run: Path, out: Path) -> int:
     """Write the adapter of `run`'s last checkpoint to `out`; returns its global step."""
-    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu",
-                            weights_only=False)
+    checkpoint = torch.load(
+        run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False
+    )
     cfg = OmegaConf.create(checkpoint[RUN_RECORD]["config"])
     model, _ = load_model(cfg.model, cfg.cache_dir, "cpu")
     policy = add_lora(model, cfg.lora)
@@ -31,8 +32,10 @@ def checkpoint_adapter(run: Path, out: Path) -> int:
     missing, unexpected = policy.load_state_dict(state, strict=False)
     lora_missing = [k for k in missing if "lora_" in k]
     if unexpected or lora_missing:
-        raise ValueError(f"{run}: the checkpoint does not fit this LoRA config "
-                         f"(unexpected {unexpected[:3]}, missing {lora_missing[:3]})")
+        raise ValueError(
+            f"{run}: the checkpoint does not fit this LoRA config "
+            f"(unexpected {unexpected[:3]}, missing {lora_missing[:3]})"
+        )
     policy.save_pretrained(out)
     step = int(checkpoint["global_step"])
     (out / "checkpoint_step.json").write_text(json.dumps({"run": str(run), "global_step": step}))

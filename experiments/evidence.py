@@ -63,8 +63,10 @@ def curve(series: Mapping[str, Points], key: str) -> Points:
 def moving_average(points: Points, window: int = SMOOTH) -> Points:
     """Trailing moving average over the last `window` logged points."""
     values = [v for _, v in points]
-    return [(step, sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)))
-            for i, (step, _) in enumerate(points)]
+    return [
+        (step, sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)))
+        for i, (step, _) in enumerate(points)
+    ]
 
 
 def metric_label(metric: str) -> str:
@@ -72,6 +74,7 @@ def metric_label(metric: str) -> str:
 
 
 # --- training runs and the dev-only choice ------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TrainingRun:
@@ -151,10 +154,14 @@ def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None)
         kl = [v for _, v in curve(run.series, "train/kl")][-KL_WINDOW:]
         best = max(dev, key=lambda p: p[1], default=None)
         cells = [
-            _before_training(dev), _last(dev), Cell(text=str(dev[-1][0])) if dev else Cell(),
+            _before_training(dev),
+            _last(dev),
+            Cell(text=str(dev[-1][0])) if dev else Cell(),
             Cell(text=f"{best[1]:.3f} (step {best[0]})") if best else Cell(),
-            _before_training(reward), _last(reward),
-            Cell(mean=sum(kl) / len(kl)) if kl else Cell(), _last(empty),
+            _before_training(reward),
+            _last(reward),
+            Cell(mean=sum(kl) / len(kl)) if kl else Cell(),
+            _last(empty),
             Cell(text=run.status()),
         ]
         is_chosen = run is chosen
@@ -166,19 +173,36 @@ def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None)
         "reward of the greedy outputs (combined under the run's own λ and σ's) at step 0 and "
         f"last; train KL averaged over the last {KL_WINDOW} logged steps; dev empty-field rate "
         "at the last validation.",
-        ["run (λ, N)", f"dev {metric} @0", f"dev {metric} last", "last val. step",
-         f"best dev {metric}", "dev reward @0", "dev reward last",
-         f"train KL (last {KL_WINDOW})", "dev empty fields last (%)", "status"],
-        [Block(rows)], best=None)
+        [
+            "run (λ, N)",
+            f"dev {metric} @0",
+            f"dev {metric} last",
+            "last val. step",
+            f"best dev {metric}",
+            "dev reward @0",
+            "dev reward last",
+            f"train KL (last {KL_WINDOW})",
+            "dev empty fields last (%)",
+            "status",
+        ],
+        [Block(rows)],
+        best=None,
+    )
     table.notes.append(
         f"Chosen: the highest dev {metric} at the last validation among finished runs; ties: the "
         "higher mean of the last two validations, then smaller N, then smaller λ. Test numbers "
-        "are not used. " + (f"Chosen run: {chosen.label} ({chosen.run.path})." if chosen else
-                            "No training run has finished yet: none chosen."))
+        "are not used. "
+        + (
+            f"Chosen run: {chosen.label} ({chosen.run.path})."
+            if chosen
+            else "No training run has finished yet: none chosen."
+        )
+    )
     return table
 
 
 # --- the systems compared on the test sets ------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class System:
@@ -204,8 +228,10 @@ class System:
         """Per test set (mean R_direct, mean R_reverse) of its outputs; None when not scored."""
         if self.evaluation is None or self.paired_selection:
             return None
-        values = [(s.get("reward_direct"), s.get("reward_reverse"))
-                  for s in self.evaluation.results.get("per_set") or []]
+        values = [
+            (s.get("reward_direct"), s.get("reward_reverse"))
+            for s in self.evaluation.results.get("per_set") or []
+        ]
         if not values or not all(_finite(d) and _finite(r) for d, r in values):
             return None
         return [(float(d), float(r)) for d, r in values]
@@ -235,8 +261,9 @@ def load_study(sweep: Sweep) -> Study:
     if not 2 <= len(sweep.roots) <= 3:
         raise AggregationError(f"{USAGE}; got {len(sweep.roots)} directories")
     groups = [[run for run in sweep.runs if run.path.is_relative_to(root)] for root in sweep.roots]
-    for root, runs, modes in zip(sweep.roots, groups, (("train",), ("eval", "search"),
-                                                       ("search",))):
+    for root, runs, modes in zip(
+        sweep.roots, groups, (("train",), ("eval", "search"), ("search",))
+    ):
         if not any(run.mode in modes for run in runs):
             raise AggregationError(f"{root}: no mode={'/'.join(modes)} runs ({USAGE})")
     train = [training_run(run) for run in groups[0] if run.mode == "train"]
@@ -258,22 +285,32 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
     beam = paper_tables.pick(base, paper_tables.where(BASELINE, "beam"))
     rerank = paper_tables.pick(base, paper_tables.where("search/rerank"))
     width = beam.results.get("beam_width") if beam else None
-    paired = ((rerank.results.get("selections") or {}).get("is", {}).get("scores")
-              if rerank else None)
+    paired = (
+        (rerank.results.get("selections") or {}).get("is", {}).get("scores") if rerank else None
+    )
     trained = [r.greedy for r in study.train if r.greedy is not None]
     is_reference = paper_tables.where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
     reference = paper_tables.pick(
-        trained, lambda ev: is_reference(ev) and ev.num_samples == REFERENCE_N)
+        trained, lambda ev: is_reference(ev) and ev.num_samples == REFERENCE_N
+    )
     rows = [
         system("frozen greedy", greedy, "greedy"),
         system(f"frozen beam({width})" if width else "frozen beam", beam),
         system(_search_label(rerank, "rerank"), rerank, "rerank"),
-        System(_search_label(rerank, "is") + ", paired on the rerank particles", rerank,
-               tuple(float(s) for s in paired) if paired else None, "is"),
-        system("GrammarRL greedy, dev-chosen" + (f" ({chosen.label})" if chosen else ""),
-               chosen.greedy if chosen else None, "chosen"),
-        system(f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}",
-               reference),
+        System(
+            _search_label(rerank, "is") + ", paired on the rerank particles",
+            rerank,
+            tuple(float(s) for s in paired) if paired else None,
+            "is",
+        ),
+        system(
+            "GrammarRL greedy, dev-chosen" + (f" ({chosen.label})" if chosen else ""),
+            chosen.greedy if chosen else None,
+            "chosen",
+        ),
+        system(
+            f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}", reference
+        ),
     ]
     return rows + proposal_systems(study)
 
@@ -284,8 +321,11 @@ def proposal_systems(study: Study) -> list[System]:
     searches = [ev for ev in study.proposal if ev.system.startswith("search/")]
 
     def key(ev: Evaluation) -> tuple[str, int, str]:
-        return (str(ev.get("search.method")), int(ev.results.get("particles") or 0),
-                str(ev.results.get("adapter") or ""))
+        return (
+            str(ev.get("search.method")),
+            int(ev.results.get("particles") or 0),
+            str(ev.results.get("adapter") or ""),
+        )
 
     rows = []
     for method, particles, adapter in sorted({key(ev) for ev in searches}):
@@ -315,11 +355,14 @@ def check_test_sets(systems: Sequence[System]) -> None:
             key += (len(row.scores or ()),)
             groups.setdefault(key, []).append(row)
     if len(groups) > 1:
-        lines = [f"{', '.join(f'{k}={v}' for k, v in zip((*TEST_SET_KEYS, 'sets scored'), key))}"
-                 ": " + "; ".join(f"{row.label} ({row.evaluation.run.path})" for row in rows)
-                 for key, rows in groups.items()]
-        raise AggregationError("the compared rows were evaluated on different test sets:\n  "
-                               + "\n  ".join(lines))
+        lines = [
+            f"{', '.join(f'{k}={v}' for k, v in zip((*TEST_SET_KEYS, 'sets scored'), key))}"
+            ": " + "; ".join(f"{row.label} ({row.evaluation.run.path})" for row in rows)
+            for key, rows in groups.items()
+        ]
+        raise AggregationError(
+            "the compared rows were evaluated on different test sets:\n  " + "\n  ".join(lines)
+        )
 
 
 def _listed(values: Sequence[float], signed: bool = False) -> str:
@@ -338,8 +381,10 @@ def _test_sets_text(systems: Sequence[System]) -> str:
     ev = next((row.evaluation for row in systems if row.evaluation is not None), None)
     if ev is None:
         return "test sets"
-    return (f"{ev.get('eval.num_test_sets')} test sets of {ev.get('eval.test_size')} (seed "
-            f"{ev.get('seed')})")
+    return (
+        f"{ev.get('eval.num_test_sets')} test sets of {ev.get('eval.test_size')} (seed "
+        f"{ev.get('seed')})"
+    )
 
 
 def comparison_table(systems: Sequence[System]) -> Table:
@@ -350,20 +395,38 @@ def comparison_table(systems: Sequence[System]) -> Table:
         if not row.present:
             rows.append(Row(row.label, [Cell(text=MISSING)] + [Cell() for _ in range(6)]))
             continue
-        rows.append(Row(row.label, [Cell(*mean_std(row.scores)), Cell(text=_listed(row.scores)),
-                                    *paired_cells(row, greedy), *paired_cells(row, rerank)]))
+        rows.append(
+            Row(
+                row.label,
+                [
+                    Cell(*mean_std(row.scores)),
+                    Cell(text=_listed(row.scores)),
+                    *paired_cells(row, greedy),
+                    *paired_cells(row, rerank),
+                ],
+            )
+        )
     return Table(
         "comparison",
         f"Evidence II on {_test_sets_text(systems)}: {metric}, mean ± std over test sets, and "
         "each set; diff.: paired per-set difference (row - reference), mean ± std over sets, and "
         f"each set. {by_role(systems, 'is').label.split(',')[0]} selects among the particles of "
         f"{rerank.label}. The dev-chosen GrammarRL run was chosen on dev {metric} only.",
-        ["System", metric, "per set", "diff. vs frozen greedy", "per set",
-         f"diff. vs {rerank.label}", "per set"],
-        [Block(rows)]).mark_best()
+        [
+            "System",
+            metric,
+            "per set",
+            "diff. vs frozen greedy",
+            "per set",
+            f"diff. vs {rerank.label}",
+            "per set",
+        ],
+        [Block(rows)],
+    ).mark_best()
 
 
 # --- rewards of what each system emits ----------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Sigmas:
@@ -410,12 +473,16 @@ def calibrated_sigmas(ev: Evaluation) -> Sigmas | None:
         return None
     if not ev.results.get("dtype"):
         conditions.pop("dtype")
-    found = [e for e in entries(json.loads(path.read_text()), key)
-             if not differences(e, conditions)]
+    found = [
+        e for e in entries(json.loads(path.read_text()), key) if not differences(e, conditions)
+    ]
     if not found:
         return None
-    return Sigmas(float(found[-1]["sigma_direct"]), float(found[-1]["sigma_reverse"]),
-                  f"{os.path.relpath(path)} [{key}]")
+    return Sigmas(
+        float(found[-1]["sigma_direct"]),
+        float(found[-1]["sigma_reverse"]),
+        f"{os.path.relpath(path)} [{key}]",
+    )
 
 
 def locate(name: str | None, run_path: Path) -> Path | None:
@@ -431,8 +498,9 @@ def locate(name: str | None, run_path: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def mechanism_table(systems: Sequence[System], chosen: TrainingRun | None,
-                    sigmas: Sigmas | None) -> Table:
+def mechanism_table(
+    systems: Sequence[System], chosen: TrainingRun | None, sigmas: Sigmas | None
+) -> Table:
     """Per scored system: its metric, mean R_direct and R_reverse of its outputs, and the
     combined reward at λ=0.5 and at the chosen λ under the chosen run's σ's."""
     lambdas = [REFERENCE_LAMBDA]
@@ -441,7 +509,8 @@ def mechanism_table(systems: Sequence[System], chosen: TrainingRun | None,
     metric = metric_label(next((r.evaluation.metric for r in systems if r.evaluation), "metric"))
     header = ["System", metric, "R_direct", "R_reverse"] + [
         f"combined, λ={format_number(lam)}" + (" (chosen)" if chosen and lam == chosen.lam else "")
-        for lam in lambdas]
+        for lam in lambdas
+    ]
     rows = []
     for row in systems:
         if row.paired_selection:
@@ -454,32 +523,54 @@ def mechanism_table(systems: Sequence[System], chosen: TrainingRun | None,
         if rewards is None:
             cells += [Cell(text="not scored")] + [Cell() for _ in header[3:]]
         else:
-            cells += [Cell(*mean_std([d for d, _ in rewards])),
-                      Cell(*mean_std([r for _, r in rewards]))]
-            cells += [Cell(*mean_std([combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse)
-                                      for d, r in rewards])) if sigmas else Cell()
-                      for lam in lambdas]
+            cells += [
+                Cell(*mean_std([d for d, _ in rewards])),
+                Cell(*mean_std([r for _, r in rewards])),
+            ]
+            cells += [
+                Cell(
+                    *mean_std(
+                        [
+                            combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse)
+                            for d, r in rewards
+                        ]
+                    )
+                )
+                if sigmas
+                else Cell()
+                for lam in lambdas
+            ]
         rows.append(Row(row.label, cells))
     if sigmas is not None and chosen is not None:
-        basis = (f"the σ's of the chosen run's (N={chosen.n}, B={chosen.greedy.beam_width}) "
-                 f"calibration, σ_direct={sigmas.direct:.4f}, σ_reverse={sigmas.reverse:.4f} "
-                 f"({sigmas.source})")
+        basis = (
+            f"the σ's of the chosen run's (N={chosen.n}, B={chosen.greedy.beam_width}) "
+            f"calibration, σ_direct={sigmas.direct:.4f}, σ_reverse={sigmas.reverse:.4f} "
+            f"({sigmas.source})"
+        )
     else:
-        basis = ("no σ's: no training run has finished" if chosen is None else
-                 f"no σ's found for the chosen run {chosen.run.path}")
+        basis = (
+            "no σ's: no training run has finished"
+            if chosen is None
+            else f"no σ's found for the chosen run {chosen.run.path}"
+        )
     table = Table(
         "mechanism",
         "Evidence II, rewards of each system's test outputs under the frozen reference: mean "
         "R_direct and R_reverse over a set's outputs with tokens, then mean ± std over test "
-        "sets; combined = (1-λ) R_direct/σ_direct + λ R_reverse/σ_reverse with " + basis
+        "sets; combined = (1-λ) R_direct/σ_direct + λ R_reverse/σ_reverse with "
+        + basis
         + ". The paired IS selection is not listed: its outputs were not scored.",
-        header, [Block(rows)], best=None)
+        header,
+        [Block(rows)],
+        best=None,
+    )
     table.notes.extend(_mechanism_notes(systems, lambdas, sigmas))
     return table
 
 
-def _mechanism_notes(systems: Sequence[System], lambdas: Sequence[float],
-                     sigmas: Sigmas | None) -> list[str]:
+def _mechanism_notes(
+    systems: Sequence[System], lambdas: Sequence[float], sigmas: Sigmas | None
+) -> list[str]:
     """GrammarRL (dev-chosen) − frozen greedy: the change in reward next to the change in F1."""
     greedy, trained = by_role(systems, "greedy"), by_role(systems, "chosen")
     ours, theirs = trained.rewards(), greedy.rewards()
@@ -488,18 +579,25 @@ def _mechanism_notes(systems: Sequence[System], lambdas: Sequence[float],
     gain = mean_std(trained.scores)[0] - mean_std(greedy.scores)[0]
     parts = [f"{metric_label(trained.evaluation.metric)} {gain:+.3f}"]
     for lam in lambdas:
-        gain = [combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse)
-                - combine_rewards(d0, r0, lam, sigmas.direct, sigmas.reverse)
-                for (d, r), (d0, r0) in zip(ours, theirs)]
+        gain = [
+            combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse)
+            - combine_rewards(d0, r0, lam, sigmas.direct, sigmas.reverse)
+            for (d, r), (d0, r0) in zip(ours, theirs)
+        ]
         parts.append(f"combined reward at λ={format_number(lam)} {mean_std(gain)[0]:+.3f}")
     return [f"{trained.label} minus frozen greedy (mean over test sets): " + ", ".join(parts) + "."]
 
 
 # --- figure -------------------------------------------------------------------------------------
 
-PANELS = (("train/reward", True), ("train/kl", True), ("train/validity", True),
-          ("val/dev_{metric}", False), ("val/dev_empty_field_rate", False),
-          ("val/dev_reward", False))
+PANELS = (
+    ("train/reward", True),
+    ("train/kl", True),
+    ("train/validity", True),
+    ("val/dev_{metric}", False),
+    ("val/dev_empty_field_rate", False),
+    ("val/dev_reward", False),
+)
 
 
 def training_curves(runs: Sequence[TrainingRun], path: Path) -> Path | None:
@@ -529,7 +627,10 @@ def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
     systems = comparison_systems(study, chosen)
     check_test_sets(systems)
     sigmas = training_sigmas(chosen.greedy) if chosen else None
-    built = [dev_selection_table(study.train, chosen), comparison_table(systems),
-             mechanism_table(systems, chosen, sigmas)]
+    built = [
+        dev_selection_table(study.train, chosen),
+        comparison_table(systems),
+        mechanism_table(systems, chosen, sigmas),
+    ]
     png = training_curves(study.train, out / "training_curves_evidence2.png")
     return built, [png] if png else []

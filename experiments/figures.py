@@ -34,8 +34,14 @@ def training_curves(curves: Sequence[Curve], path: Path, metric_names: Mapping[s
             for points, style, split in ((curve.dev, "-", "dev"), (curve.train, "--", "train")):
                 if points:
                     steps, values = zip(*points)
-                    ax.plot(steps, values, style, color=color, marker=".",
-                            label=f"{curve.label} ({split})")
+                    ax.plot(
+                        steps,
+                        values,
+                        style,
+                        color=color,
+                        marker=".",
+                        label=f"{curve.label} ({split})",
+                    )
         ax.set(title=task, xlabel="training step", ylabel=metric_names.get(task, "metric"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -50,9 +56,13 @@ class LambdaPoint:
     values: Mapping[str, tuple[float, float]]
 
 
-def against_lambda(points: Sequence[LambdaPoint], panels: Sequence[tuple[str, str]], path: Path,
-                   baselines: Mapping[str, Mapping[str, float]] | None = None,
-                   title: str = "") -> Path:
+def against_lambda(
+    points: Sequence[LambdaPoint],
+    panels: Sequence[tuple[str, str]],
+    path: Path,
+    baselines: Mapping[str, Mapping[str, float]] | None = None,
+    title: str = "",
+) -> Path:
     """One panel per statistic (key, y label): mean ± std against λ; optional horizontal lines
     (baselines[key][name] = value) for the frozen model's greedy and beam decoding."""
     points = sorted(points, key=lambda p: p.lam)
@@ -64,8 +74,9 @@ def against_lambda(points: Sequence[LambdaPoint], panels: Sequence[tuple[str, st
         ax.errorbar(lams, means, yerr=stds, marker="o", capsize=3, label="GrammarRL")
         for index, (name, value) in enumerate((baselines or {}).get(key, {}).items()):
             ax.axhline(value, linestyle=":", color=f"C{index + 1}", label=f"frozen ({name})")
-        ax.set(xlabel="λ", ylabel=ylabel, xticks=lams,
-               xticklabels=[format_number(lam) for lam in lams])
+        ax.set(
+            xlabel="λ", ylabel=ylabel, xticks=lams, xticklabels=[format_number(lam) for lam in lams]
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:

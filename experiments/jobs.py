@@ -26,8 +26,9 @@ from grammarrl.config import CONF_DIR, compose_job_config, validate
 def expand(overrides: Sequence[str]) -> list[list[str]]:
     """The override list of every job of `python -m grammarrl.run -m <overrides>`."""
     parser = OverridesParser.create()
-    fixed = [o.input_line for o in parser.parse_overrides(list(overrides))
-             if not o.is_sweep_override()]
+    fixed = [
+        o.input_line for o in parser.parse_overrides(list(overrides)) if not o.is_sweep_override()
+    ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=fixed, return_hydra_config=True)
     params = cfg.hydra.sweeper.get("params") or {}
@@ -42,8 +43,9 @@ def compose_job(overrides: Sequence[str]) -> DictConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.jobs",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.jobs", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("overrides", nargs="*", help="as for python -m grammarrl.run -m")
     parser.add_argument("--cfg", action="store_true", help="print every job's config")
     args = parser.parse_args(argv)

@@ -24,8 +24,13 @@ DEFAULT_LAMBDA = 0.5
 Predicate = Callable[[Evaluation], bool]
 
 
-def where(system: str | None = None, decoding: str | None = None, lam: float | None = None,
-          rollout: tuple[int, int] | None = None, **fixed: Any) -> Predicate:
+def where(
+    system: str | None = None,
+    decoding: str | None = None,
+    lam: float | None = None,
+    rollout: tuple[int, int] | None = None,
+    **fixed: Any,
+) -> Predicate:
     """A predicate on evaluations; `fixed` compares attributes (task=..., model=...)."""
 
     def test(ev: Evaluation) -> bool:
@@ -49,8 +54,10 @@ def pick(evals: Iterable[Evaluation], predicate: Predicate) -> Evaluation | None
         return None
     if any(ev.scores != found[0].scores for ev in found[1:]):
         paths = "\n  ".join(str(ev.run.path / ev.name) for ev in found)
-        raise AggregationError(f"several runs fill the same table cell ({found[0].label()}):\n  "
-                               f"{paths}\naggregate one sweep at a time, or remove the stale runs")
+        raise AggregationError(
+            f"several runs fill the same table cell ({found[0].label()}):\n  "
+            f"{paths}\naggregate one sweep at a time, or remove the stale runs"
+        )
     return found[0]
 
 
@@ -85,13 +92,26 @@ class RowSpec:
     shaded: bool = False
 
 
-def _task_rows(evals: Sequence[Evaluation], tasks: Sequence[str], specs: Sequence[RowSpec],
-               num_sets: int | None = None) -> list[Row]:
+def _task_rows(
+    evals: Sequence[Evaluation],
+    tasks: Sequence[str],
+    specs: Sequence[RowSpec],
+    num_sets: int | None = None,
+) -> list[Row]:
     """One row per spec, one cell per task."""
-    return [Row(spec.label, [score_cell(pick(evals, lambda ev, t=t, s=spec: ev.task == t
-                                               and s.predicate(ev)), num_sets) for t in tasks],
-                shaded=spec.shaded)
-            for spec in specs]
+    return [
+        Row(
+            spec.label,
+            [
+                score_cell(
+                    pick(evals, lambda ev, t=t, s=spec: ev.task == t and s.predicate(ev)), num_sets
+                )
+                for t in tasks
+            ],
+            shaded=spec.shaded,
+        )
+        for spec in specs
+    ]
 
 
 def _model_label(model: str) -> str:
@@ -119,9 +139,13 @@ def main_table(evals: Sequence[Evaluation], rollout: tuple[int, int] = DEFAULT_R
     for model in models_of(evals):
         of_model = [ev for ev in evals if ev.model == model]
         blocks.append(Block(_task_rows(of_model, tasks, specs), title=_model_label(model)))
-    return Table("main_results", f"Main results, N={rollout[0]}, B={rollout[1]}: mean ± std over "
-                 "test sets; GrammarRL uses λ=0.5; beam rows decode with beam search.",
-                 _header("Config", tasks), blocks).mark_best()
+    return Table(
+        "main_results",
+        f"Main results, N={rollout[0]}, B={rollout[1]}: mean ± std over "
+        "test sets; GrammarRL uses λ=0.5; beam rows decode with beam search.",
+        _header("Config", tasks),
+        blocks,
+    ).mark_best()
 
 
 def lambda_table(evals: Sequence[Evaluation], rollout: tuple[int, int] = DEFAULT_ROLLOUT) -> Table:
@@ -129,18 +153,28 @@ def lambda_table(evals: Sequence[Evaluation], rollout: tuple[int, int] = DEFAULT
     tasks = tasks_of(evals)
     blocks = []
     for model in models_of(evals):
-        trained = [ev for ev in evals
-                   if ev.model == model and where(GRAMMARRL, "greedy", rollout=rollout)(ev)]
+        trained = [
+            ev
+            for ev in evals
+            if ev.model == model and where(GRAMMARRL, "greedy", rollout=rollout)(ev)
+        ]
         lambdas = sorted({float(ev.lam) for ev in trained if ev.lam is not None})
         specs = [RowSpec(lambda_label(lam), where(lam=lam)) for lam in lambdas]
         if specs:
             blocks.append(Block(_task_rows(trained, tasks, specs), title=_model_label(model)))
-    return Table("ablation_lambda", f"Ablation on λ (N={rollout[0]}, B={rollout[1]}, greedy): "
-                 "mean ± std over test sets.", _header("λ", tasks), blocks).mark_best()
+    return Table(
+        "ablation_lambda",
+        f"Ablation on λ (N={rollout[0]}, B={rollout[1]}, greedy): mean ± std over test sets.",
+        _header("λ", tasks),
+        blocks,
+    ).mark_best()
 
 
-def rollout_table(evals: Sequence[Evaluation], lam: float = DEFAULT_LAMBDA,
-                  default: tuple[int, int] = DEFAULT_ROLLOUT) -> Table:
+def rollout_table(
+    evals: Sequence[Evaluation],
+    lam: float = DEFAULT_LAMBDA,
+    default: tuple[int, int] = DEFAULT_ROLLOUT,
+) -> Table:
     """Paper Table "rollout ablation": N with B fixed, then B with N fixed (λ fixed)."""
     tasks = tasks_of(evals)
     n0, b0 = default
@@ -151,23 +185,44 @@ def rollout_table(evals: Sequence[Evaluation], lam: float = DEFAULT_LAMBDA,
         ns = sorted({ev.num_samples for ev in of_model if ev.beam_width == b0})
         bs = sorted({ev.beam_width for ev in of_model if ev.num_samples == n0})
         prefix = f"{_model_label(model)}: " if len(models_of(trained)) > 1 else ""
-        blocks.append(Block([*_task_rows(of_model, tasks, [
-            RowSpec(str(n), where(rollout=(n, b0)), shaded=n == n0) for n in ns])],
-            title=f"{prefix}Sampled sequences N (B={b0})"))
-        blocks.append(Block(_task_rows(of_model, tasks, [
-            RowSpec(str(b), where(rollout=(n0, b)), shaded=b == b0) for b in bs]),
-            title=f"{prefix}Beam width B (N={n0})"))
-    return Table("ablation_rollout", f"Ablation on the rollout composition (λ={format_number(lam)},"
-                 " greedy): mean ± std over test sets; bold: best of each block.",
-                 _header("", tasks), blocks).mark_best()
+        blocks.append(
+            Block(
+                [
+                    *_task_rows(
+                        of_model,
+                        tasks,
+                        [RowSpec(str(n), where(rollout=(n, b0)), shaded=n == n0) for n in ns],
+                    )
+                ],
+                title=f"{prefix}Sampled sequences N (B={b0})",
+            )
+        )
+        blocks.append(
+            Block(
+                _task_rows(
+                    of_model,
+                    tasks,
+                    [RowSpec(str(b), where(rollout=(n0, b)), shaded=b == b0) for b in bs],
+                ),
+                title=f"{prefix}Beam width B (N={n0})",
+            )
+        )
+    return Table(
+        "ablation_rollout",
+        f"Ablation on the rollout composition (λ={format_number(lam)},"
+        " greedy): mean ± std over test sets; bold: best of each block.",
+        _header("", tasks),
+        blocks,
+    ).mark_best()
 
 
 def calibration_table(entries: Sequence[dict[str, Any]]) -> Table:
     """Paper Table "calibration": σ_direct, σ_reverse per task, (N, B) and model size."""
     models = [m for m in MODEL_ORDER if any(e["model"] == m for e in entries)]
     models += sorted({e["model"] for e in entries} - set(models))
-    header = ["(N, B)"] + [f"{_model_label(m)} {s}" for m in models for s in ("σ_direct",
-                                                                              "σ_reverse")]
+    header = ["(N, B)"] + [
+        f"{_model_label(m)} {s}" for m in models for s in ("σ_direct", "σ_reverse")
+    ]
     blocks = []
     for task in _task_order({e["task"] for e in entries}):
         of_task = [e for e in entries if e["task"] == task]
@@ -175,15 +230,24 @@ def calibration_table(entries: Sequence[dict[str, Any]]) -> Table:
         for n, b in _rollout_order({(e["n"], e["b"]) for e in of_task}):
             cells = []
             for model in models:
-                entry = next((e for e in of_task if e["model"] == model and (e["n"], e["b"]) ==
-                              (n, b)), None)
-                cells += [Cell(mean=entry[k]) if entry else Cell(text="–")
-                          for k in ("sigma_direct", "sigma_reverse")]
+                entry = next(
+                    (e for e in of_task if e["model"] == model and (e["n"], e["b"]) == (n, b)), None
+                )
+                cells += [
+                    Cell(mean=entry[k]) if entry else Cell(text="–")
+                    for k in ("sigma_direct", "sigma_reverse")
+                ]
             rows.append(Row(f"({n},{b})", cells, shaded=(n, b) == DEFAULT_ROLLOUT))
         blocks.append(Block(rows, title=task_label(task).split(" ")[0]))
-    return Table("calibration", "Reward scaling constants σ_direct and σ_reverse per task, rollout "
-                 "composition (N, B) and model, measured by mode=calibrate on the dev inputs.",
-                 header, blocks, best=None, digits=4)
+    return Table(
+        "calibration",
+        "Reward scaling constants σ_direct and σ_reverse per task, rollout "
+        "composition (N, B) and model, measured by mode=calibrate on the dev inputs.",
+        header,
+        blocks,
+        best=None,
+        digits=4,
+    )
 
 
 def _rollout_order(pairs: set[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -197,8 +261,11 @@ def _rollout_order(pairs: set[tuple[int, int]]) -> list[tuple[int, int]]:
 SEARCH_ROWS = (("rerank", "Sample-Rerank"), ("is", "Full IS"), ("smc", "Full SMC"))
 
 
-def inference_table(evals: Sequence[Evaluation], num_sets: int | None = None,
-                    rollout: tuple[int, int] = DEFAULT_ROLLOUT) -> Table:
+def inference_table(
+    evals: Sequence[Evaluation],
+    num_sets: int | None = None,
+    rollout: tuple[int, int] = DEFAULT_ROLLOUT,
+) -> Table:
     """Paper Table "inference-time methods": baselines and search methods against GrammarRL at
     λ=0.5 and at the best λ per task (chosen on the same test sets, as in the paper). Cost is
     the generation time relative to one greedy pass of the frozen model on the same task."""
@@ -212,24 +279,36 @@ def inference_table(evals: Sequence[Evaluation], num_sets: int | None = None,
         RowSpec("GrammarRL (λ=0.5)", where(GRAMMARRL, "greedy", DEFAULT_LAMBDA, rollout)),
     ]
     best = {task: _best_lambda(evals, task, num_sets, rollout) for task in tasks}
-    best_spec = RowSpec("GrammarRL (best λ)", lambda ev: best.get(ev.task) is not None
-                        and where(GRAMMARRL, "greedy", best[ev.task], rollout)(ev))
+    best_spec = RowSpec(
+        "GrammarRL (best λ)",
+        lambda ev: (
+            best.get(ev.task) is not None and where(GRAMMARRL, "greedy", best[ev.task], rollout)(ev)
+        ),
+    )
     rows = _task_rows(evals, tasks, [*specs, best_spec], num_sets)
     for row, spec in zip(rows, [*specs, best_spec]):
         row.cells.insert(0, Cell(text=_cost(evals, spec.predicate, tasks)))
-    table = Table("inference_time", "Inference-time methods vs GrammarRL: mean ± std over "
-                  f"{num_sets or 'all'} test sets; cost: generation time relative to one greedy "
-                  "pass.", ["Method", "Cost", *map(task_label, tasks)],
-                  [Block(rows[:len(specs) - 1]), Block(rows[len(specs) - 1:])])
-    table.notes.append("Best λ per task (selected on these test sets): " + ", ".join(
-        f"{t} {format_number(lam)}" for t, lam in best.items() if lam is not None))
+    table = Table(
+        "inference_time",
+        "Inference-time methods vs GrammarRL: mean ± std over "
+        f"{num_sets or 'all'} test sets; cost: generation time relative to one greedy "
+        "pass.",
+        ["Method", "Cost", *map(task_label, tasks)],
+        [Block(rows[: len(specs) - 1]), Block(rows[len(specs) - 1 :])],
+    )
+    table.notes.append(
+        "Best λ per task (selected on these test sets): "
+        + ", ".join(f"{t} {format_number(lam)}" for t, lam in best.items() if lam is not None)
+    )
     return table.mark_best()
 
 
-def _best_lambda(evals: Sequence[Evaluation], task: str, num_sets: int | None,
-                 rollout: tuple[int, int]) -> float | None:
-    trained = [ev for ev in evals if ev.task == task and where(GRAMMARRL, "greedy",
-                                                                rollout=rollout)(ev)]
+def _best_lambda(
+    evals: Sequence[Evaluation], task: str, num_sets: int | None, rollout: tuple[int, int]
+) -> float | None:
+    trained = [
+        ev for ev in evals if ev.task == task and where(GRAMMARRL, "greedy", rollout=rollout)(ev)
+    ]
     if not trained:
         return None
     return float(max(trained, key=lambda ev: ev.summary(num_sets)[0]).lam)
@@ -267,12 +346,17 @@ DESCRIPTORS: dict[str, Callable[[Evaluation], Any]] = {
     "λ": lambda ev: format_number(ev.lam) if _trained_here(ev) else None,
     "N": lambda ev: ev.num_samples if _trained_here(ev) else None,
     "B": lambda ev: ev.beam_width if _trained_here(ev) else None,
-    "decoding": lambda ev: ev.decoding + (f"({ev.results['beam_width']})"
-                                          if ev.results.get("beam_width") else ""),
-    "search": lambda ev: (f"{ev.get('search.method')}({ev.get('search.particles')})"
-                          if ev.mode == "search" else None),
-    "adapter": lambda ev: (("trained" if ev.results.get("adapter") or ev.get("eval.adapter")
-                            else "frozen") if ev.mode in ("eval", "search") else None),
+    "decoding": lambda ev: (
+        ev.decoding + (f"({ev.results['beam_width']})" if ev.results.get("beam_width") else "")
+    ),
+    "search": lambda ev: (
+        f"{ev.get('search.method')}({ev.get('search.particles')})" if ev.mode == "search" else None
+    ),
+    "adapter": lambda ev: (
+        ("trained" if ev.results.get("adapter") or ev.get("eval.adapter") else "frozen")
+        if ev.mode in ("eval", "search")
+        else None
+    ),
 }
 
 
@@ -309,9 +393,17 @@ def sweep_table(evals: Sequence[Evaluation]) -> Table:
             group = [ev for ev in evals if ev.task == task and ev.model == model]
             group.sort(key=lambda ev: tuple(_sort_key(DESCRIPTORS[k](ev)) for k in keys))
             if group:
-                rows = [Row(sweep_label(ev, keys),
-                            [score_cell(ev), Cell(text=f"{ev.results['validity']:.3f}")])
-                        for ev in group]
+                rows = [
+                    Row(
+                        sweep_label(ev, keys),
+                        [score_cell(ev), Cell(text=f"{ev.results['validity']:.3f}")],
+                    )
+                    for ev in group
+                ]
                 blocks.append(Block(rows, title=f"{task} / {model} ({group[0].metric})"))
-    return Table("sweep", "Sweep results: mean ± std over test sets; best per block in bold.",
-                 ["Configuration", "score", "validity"], blocks).mark_best()
+    return Table(
+        "sweep",
+        "Sweep results: mean ± std over test sets; best per block in bold.",
+        ["Configuration", "score", "validity"],
+        blocks,
+    ).mark_best()

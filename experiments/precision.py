@@ -38,8 +38,9 @@ from grammarrl.tasks import Task, load_task
 DTYPES = ("float32", "bfloat16")
 
 
-def greedy_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, task: Task,
-                     size: int) -> dict[str, Any]:
+def greedy_agreement(
+    cfg: DictConfig, models: dict[str, Any], tokenizer: Any, task: Task, size: int
+) -> dict[str, Any]:
     """Greedy outputs of both precisions on the same test examples, and their metrics."""
     examples = task.test_sets(1, size, cfg.seed)[0]
     prompts = [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
@@ -47,8 +48,11 @@ def greedy_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, ta
     for name, model in models.items():
         decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
         started = time.perf_counter()
-        outputs[name] = [g for start in range(0, len(prompts), cfg.eval.batch_size)
-                         for g in decoder.greedy(prompts[start:start + cfg.eval.batch_size])]
+        outputs[name] = [
+            g
+            for start in range(0, len(prompts), cfg.eval.batch_size)
+            for g in decoder.greedy(prompts[start : start + cfg.eval.batch_size])
+        ]
         seconds[name] = round(time.perf_counter() - started, 1)
     same_tokens = sum(a.token_ids == b.token_ids for a, b in zip(*outputs.values()))
     same_text = sum(a.text == b.text for a, b in zip(*outputs.values()))
@@ -57,19 +61,25 @@ def greedy_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, ta
         "same_tokens": same_tokens,
         "same_text": same_text,
         "metric": task.metric_name,
-        "score": {name: task.score([g.text for g in gens], examples).value
-                  for name, gens in outputs.items()},
+        "score": {
+            name: task.score([g.text for g in gens], examples).value
+            for name, gens in outputs.items()
+        },
         "decode_seconds": seconds,
-        "differing": [{"input": ex.input, **{name: outputs[name][i].text for name in outputs}}
-                      for i, ex in enumerate(examples)
-                      if outputs["float32"][i].text != outputs["bfloat16"][i].text][:5],
+        "differing": [
+            {"input": ex.input, **{name: outputs[name][i].text for name in outputs}}
+            for i, ex in enumerate(examples)
+            if outputs["float32"][i].text != outputs["bfloat16"][i].text
+        ][:5],
     }
 
 
 def rescore(batch: RolloutBatch, scorer: ReferenceScorer) -> tuple[torch.Tensor, torch.Tensor]:
     """(direct, reverse) of a batch's candidates under another reference model."""
-    scores = [scorer.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group])
-              for ex, prompt, group in zip(batch.examples, batch.prompts, batch.groups)]
+    scores = [
+        scorer.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group])
+        for ex, prompt, group in zip(batch.examples, batch.prompts, batch.groups)
+    ]
     return torch.stack([s.direct for s in scores]), torch.stack([s.reverse for s in scores])
 
 
@@ -85,8 +95,9 @@ def pair_agreement(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> tup
     return same, total
 
 
-def reward_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, task: Task,
-                     size: int) -> dict[str, Any]:
+def reward_agreement(
+    cfg: DictConfig, models: dict[str, Any], tokenizer: Any, task: Task, size: int
+) -> dict[str, Any]:
     """Rollout groups from float32, scored by both references; then bf16's own calibration."""
     dev = task.splits().dev[:size]
     batches: dict[str, list[RolloutBatch]] = {}
@@ -95,23 +106,39 @@ def reward_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, ta
         scorer = ReferenceScorer(model, tokenizer, task)
         generator = torch.Generator().manual_seed(cfg.seed)
         with torch.no_grad():
-            batches[name] = [collect_rollouts(decoder, scorer, tokenizer, task,
-                                              dev[i:i + cfg.optim.batch_size], cfg.rollout,
-                                              generator)
-                             for i in range(0, len(dev), cfg.optim.batch_size)]
+            batches[name] = [
+                collect_rollouts(
+                    decoder,
+                    scorer,
+                    tokenizer,
+                    task,
+                    dev[i : i + cfg.optim.batch_size],
+                    cfg.rollout,
+                    generator,
+                )
+                for i in range(0, len(dev), cfg.optim.batch_size)
+            ]
     fp32 = batches["float32"]
     bf16_scorer = ReferenceScorer(models["bfloat16"], tokenizer, task)
     with torch.no_grad():
         rescored = [rescore(batch, bf16_scorer) for batch in fp32]
     valid = torch.cat([b.valid for b in fp32])
-    direct = {"float32": torch.cat([b.direct for b in fp32]),
-              "bfloat16": torch.cat([d for d, _ in rescored])}
-    reverse = {"float32": torch.cat([b.reverse for b in fp32]),
-               "bfloat16": torch.cat([r for _, r in rescored])}
-    sigma = {name: (within_group_std(direct[name], valid), within_group_std(reverse[name], valid))
-             for name in DTYPES}
-    combined = {name: combine_rewards(direct[name], reverse[name], cfg["lambda"], *sigma[name])
-                for name in DTYPES}
+    direct = {
+        "float32": torch.cat([b.direct for b in fp32]),
+        "bfloat16": torch.cat([d for d, _ in rescored]),
+    }
+    reverse = {
+        "float32": torch.cat([b.reverse for b in fp32]),
+        "bfloat16": torch.cat([r for _, r in rescored]),
+    }
+    sigma = {
+        name: (within_group_std(direct[name], valid), within_group_std(reverse[name], valid))
+        for name in DTYPES
+    }
+    combined = {
+        name: combine_rewards(direct[name], reverse[name], cfg["lambda"], *sigma[name])
+        for name in DTYPES
+    }
     same, total = pair_agreement(combined["float32"], combined["bfloat16"], valid)
     masked = {name: torch.where(valid, r, float("-inf")) for name, r in combined.items()}
     best_same = int((masked["float32"].argmax(-1) == masked["bfloat16"].argmax(-1)).sum())
@@ -121,10 +148,13 @@ def reward_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, ta
         "dev_inputs": len(dev),
         "candidates_per_group": int(valid.shape[1]),
         "lambda": cfg["lambda"],
-        "max_abs_diff": {"direct": float((direct["float32"] - direct["bfloat16"])[valid].abs().max()),
-                         "reverse": float((reverse["float32"] - reverse["bfloat16"])[valid].abs().max())},
-        "sigmas_same_candidates": {name: {"sigma_direct": s[0], "sigma_reverse": s[1]}
-                                   for name, s in sigma.items()},
+        "max_abs_diff": {
+            "direct": float((direct["float32"] - direct["bfloat16"])[valid].abs().max()),
+            "reverse": float((reverse["float32"] - reverse["bfloat16"])[valid].abs().max()),
+        },
+        "sigmas_same_candidates": {
+            name: {"sigma_direct": s[0], "sigma_reverse": s[1]} for name, s in sigma.items()
+        },
         "pairs_ordered_alike": same,
         "pairs": total,
         "best_candidate_alike": best_same,
@@ -132,7 +162,8 @@ def reward_agreement(cfg: DictConfig, models: dict[str, Any], tokenizer: Any, ta
             "float32": {"sigma_direct": sigma["float32"][0], "sigma_reverse": sigma["float32"][1]},
             "bfloat16": {
                 "sigma_direct": within_group_std(torch.cat([b.direct for b in own]), own_valid),
-                "sigma_reverse": within_group_std(torch.cat([b.reverse for b in own]), own_valid)},
+                "sigma_reverse": within_group_std(torch.cat([b.reverse for b in own]), own_valid),
+            },
         },
     }
 
@@ -152,7 +183,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cfg.model.dtype = name
         models[name], tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     report = {
-        "task": cfg.task.name, "model": cfg.model.name, "overrides": args.overrides,
+        "task": cfg.task.name,
+        "model": cfg.model.name,
+        "overrides": args.overrides,
         "cpu_avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
         "threads": torch.get_num_threads(),
         "greedy": greedy_agreement(cfg, models, tokenizer, task, args.test),

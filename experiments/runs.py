@@ -159,7 +159,9 @@ class Run:
         """Its results files exist; for `prepare` and `calibrate` (which write none), it wrote
         `timing.json` (only a job that completed does) and no `failed.json`."""
         if self.mode in NO_RESULTS_MODES:
-            return (self.path / "timing.json").is_file() and not (self.path / "failed.json").exists()
+            return (self.path / "timing.json").is_file() and not (
+                self.path / "failed.json"
+            ).exists()
         return bool(self.results_files)
 
     @property
@@ -191,8 +193,15 @@ class Run:
 
     def describe(self) -> str:
         """Task, model and the swept keys, for listings of missing runs."""
-        keys = ("task.name", "model.name", "mode", "lambda", "rollout.num_samples",
-                "rollout.beam_width", "eval.decoding")
+        keys = (
+            "task.name",
+            "model.name",
+            "mode",
+            "lambda",
+            "rollout.num_samples",
+            "rollout.beam_width",
+            "eval.decoding",
+        )
         values = [f"{k.split('.')[0] if k.endswith('.name') else k}={self.get(k)}" for k in keys]
         if self.variant:
             values.append(f"variant={self.variant}")
@@ -235,8 +244,9 @@ def load_run(path: Path) -> Run:
     if record is not None:
         config = OmegaConf.create(record["config"])
     elif (hydra_dir / "config.yaml").is_file():
-        config = OmegaConf.create(current_names(
-            OmegaConf.to_container(OmegaConf.load(hydra_dir / "config.yaml"))))
+        config = OmegaConf.create(
+            current_names(OmegaConf.to_container(OmegaConf.load(hydra_dir / "config.yaml")))
+        )
     else:
         raise AggregationError(f"{path}: neither .hydra/config.yaml nor {RESULTS_GLOB}")
     runtime = (yaml.safe_load(hydra_text or "") or {}).get("hydra", {}).get("runtime", {})
@@ -262,7 +272,8 @@ def load_sweep(roots: list[str | Path]) -> Sweep:
         dirs = _run_dirs(root)
         if not dirs:
             raise AggregationError(
-                f"{root}: no runs found (no .hydra/config.yaml or {RESULTS_GLOB} below it)")
+                f"{root}: no runs found (no .hydra/config.yaml or {RESULTS_GLOB} below it)"
+            )
         runs.extend(load_run(d) for d in dirs)
     return Sweep(roots=paths, runs=runs)
 

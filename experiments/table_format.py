@@ -61,8 +61,11 @@ class Table:
         for block in self.blocks:
             for col in range(len(self.header) - 1):
                 cells = [row.cells[col] for row in block.rows if col < len(row.cells)]
-                means = [round(c.mean, self.digits) for c in cells
-                         if c.mean is not None and c.text is None]
+                means = [
+                    round(c.mean, self.digits)
+                    for c in cells
+                    if c.mean is not None and c.text is None
+                ]
                 if len(means) < 2:
                     continue
                 best = pick(means)
@@ -78,8 +81,12 @@ class Table:
 def to_markdown(table: Table) -> str:
     """A GitHub Markdown table; block titles become bold separator rows."""
     width = len(table.header)
-    lines = [f"**{table.caption}**", "", "| " + " | ".join(table.header) + " |",
-             "|" + "|".join(["---"] + [":-:"] * (width - 1)) + "|"]
+    lines = [
+        f"**{table.caption}**",
+        "",
+        "| " + " | ".join(table.header) + " |",
+        "|" + "|".join(["---"] + [":-:"] * (width - 1)) + "|",
+    ]
     for block in table.blocks:
         if block.title:
             lines.append(f"| **{block.title}** |" + " |" * (width - 1))
@@ -99,10 +106,15 @@ def to_latex(table: Table) -> str:
     """A booktabs table (needs \\usepackage{booktabs}; shaded rows need xcolor[table])."""
     width = len(table.header)
     lines = [
-        "\\begin{table}[t]", "\\centering", f"\\caption{{{_tex(table.caption)}}}",
-        f"\\label{{tab:{table.name.replace('_', '-')}}}", "\\footnotesize",
-        "\\begin{tabular}{l" + "c" * (width - 1) + "}", "\\toprule",
-        " & ".join(_tex(h) for h in table.header) + " \\\\", "\\midrule",
+        "\\begin{table}[t]",
+        "\\centering",
+        f"\\caption{{{_tex(table.caption)}}}",
+        f"\\label{{tab:{table.name.replace('_', '-')}}}",
+        "\\footnotesize",
+        "\\begin{tabular}{l" + "c" * (width - 1) + "}",
+        "\\toprule",
+        " & ".join(_tex(h) for h in table.header) + " \\\\",
+        "\\midrule",
     ]
     for index, block in enumerate(table.blocks):
         if index:
@@ -128,8 +140,19 @@ def _tex_cell(cell: Cell, digits: int) -> str:
     return f"\\textbf{{{text}}}" if cell.bold else text
 
 
-_TEX_ESCAPES = {"_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "±": "$\\pm$", "λ": "$\\lambda$",
-                "σ": "$\\sigma$", "≈": "${\\approx}$", "×": "$\\times$", "–": "--", "Φ": "$\\Phi$"}
+_TEX_ESCAPES = {
+    "_": "\\_",
+    "%": "\\%",
+    "&": "\\&",
+    "#": "\\#",
+    "±": "$\\pm$",
+    "λ": "$\\lambda$",
+    "σ": "$\\sigma$",
+    "≈": "${\\approx}$",
+    "×": "$\\times$",
+    "–": "--",
+    "Φ": "$\\Phi$",
+}
 
 
 def _tex(text: str) -> str:

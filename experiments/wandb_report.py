@@ -40,26 +40,42 @@ def build_report(project: str, entity: str, group: str, title: str | None = None
     panels = [
         wr.LinePlot(title="held-out (dev) metric", x=step, y=[f"val/dev_{m}" for m in METRICS]),
         wr.LinePlot(title="train-slice metric", x=step, y=[f"val/train_{m}" for m in METRICS]),
-        wr.LinePlot(title="reward", x=step, y=["train/reward", "train/reward_direct",
-                                                  "train/reward_reverse"]),
+        wr.LinePlot(
+            title="reward",
+            x=step,
+            y=["train/reward", "train/reward_direct", "train/reward_reverse"],
+        ),
         wr.LinePlot(title="KL to the reference", x=step, y=["train/kl"]),
         wr.BarPlot(title="final dev metric", metrics=[f"val/dev_{m}" for m in METRICS]),
     ]
-    blocks: list[Any] = [wr.H1(title or f"GrammarRL sweep {group}"),
-                         wr.P(f"Runs of the W&B group {group}; tables and figures: "
-                              "python -m experiments.aggregate.")]
+    blocks: list[Any] = [
+        wr.H1(title or f"GrammarRL sweep {group}"),
+        wr.P(
+            f"Runs of the W&B group {group}; tables and figures: python -m experiments.aggregate."
+        ),
+    ]
     for name, keys in COMPARISONS:
-        runset = wr.Runset(entity=entity, project=project, name=name,
-                           filters=f"Config('logger.group') = '{group}'",
-                           groupby=[f"config.{k}" for k in keys])
+        runset = wr.Runset(
+            entity=entity,
+            project=project,
+            name=name,
+            filters=f"Config('logger.group') = '{group}'",
+            groupby=[f"config.{k}" for k in keys],
+        )
         blocks += [wr.H2(name), wr.PanelGrid(runsets=[runset], panels=panels)]
-    return wr.Report(project=project, entity=entity, title=title or f"GrammarRL: {group}",
-                     description="Side-by-side comparison of one sweep", blocks=blocks)
+    return wr.Report(
+        project=project,
+        entity=entity,
+        title=title or f"GrammarRL: {group}",
+        description="Side-by-side comparison of one sweep",
+        blocks=blocks,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.wandb_report",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.wandb_report", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--project", default="grammarrl")
     parser.add_argument("--entity", required=True, help="W&B user or team")
     parser.add_argument("--group", required=True, help="the sweep's W&B group (its sweep dir)")

@@ -53,20 +53,30 @@ class Policy:
         from grammarrl.decoding import ConstrainedDecoder
 
         self.cfg, self.model, self.tokenizer, self.task = cfg, model, tokenizer, task
-        self.decoder = ConstrainedDecoder(model, tokenizer, task.grammar(),
-                                          cfg.task.max_new_tokens)
+        self.decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
 
-    def generate(self, inputs: Sequence[str], decoding: str = "greedy",
-                 beam_width: int | None = None, progress: bool = False) -> list[Output]:
+    def generate(
+        self,
+        inputs: Sequence[str],
+        decoding: str = "greedy",
+        beam_width: int | None = None,
+        progress: bool = False,
+    ) -> list[Output]:
         """Constrained outputs for raw inputs, greedy (the trained policy's setting) or beam."""
         from grammarrl.tasks import Example
 
-        examples = [Example(uid=f"input:{i}", input=text, target="")
-                    for i, text in enumerate(inputs)]
+        examples = [
+            Example(uid=f"input:{i}", input=text, target="") for i, text in enumerate(inputs)
+        ]
         return self._decode(examples, decoding, beam_width, progress)
 
-    def evaluate(self, rows: Sequence[Mapping[str, str]], decoding: str = "greedy",
-                 beam_width: int | None = None, progress: bool = False) -> Evaluation:
+    def evaluate(
+        self,
+        rows: Sequence[Mapping[str, str]],
+        decoding: str = "greedy",
+        beam_width: int | None = None,
+        progress: bool = False,
+    ) -> Evaluation:
         """The task metric on rows `{"input": ..., "output": gold}` (gold in the grammar's exact
         form, as the task's data files give it)."""
         from grammarrl.tasks import Example
@@ -75,24 +85,34 @@ class Policy:
         for i, row in enumerate(rows):
             missing = [key for key in ("input", "output") if key not in row]
             if missing:
-                raise GrammarRLError(f"evaluate: row {i} lacks {', '.join(missing)} "
-                                     f"(has {', '.join(row) or 'nothing'})")
+                raise GrammarRLError(
+                    f"evaluate: row {i} lacks {', '.join(missing)} "
+                    f"(has {', '.join(row) or 'nothing'})"
+                )
             examples.append(Example(uid=f"row:{i}", input=row["input"], target=row["output"]))
         outputs = self._decode(examples, decoding, beam_width, progress)
         scores = self.task.score([o.text for o in outputs], examples)
         return Evaluation(scores.metric, scores.value, scores.validity, outputs)
 
-    def _decode(self, examples: list, decoding: str, beam_width: int | None,
-                progress: bool) -> list[Output]:
+    def _decode(
+        self, examples: list, decoding: str, beam_width: int | None, progress: bool
+    ) -> list[Output]:
         import torch
 
         from grammarrl.evaluate import decode_examples
 
         with torch.no_grad():
-            gens = decode_examples(self.decoder, self.tokenizer, self.task, examples, decoding,
-                                   beam_width or self.cfg.eval.beam_width,
-                                   self.cfg.eval.batch_size, progress,
-                                   self.cfg.eval.length_penalty)
+            gens = decode_examples(
+                self.decoder,
+                self.tokenizer,
+                self.task,
+                examples,
+                decoding,
+                beam_width or self.cfg.eval.beam_width,
+                self.cfg.eval.batch_size,
+                progress,
+                self.cfg.eval.length_penalty,
+            )
         return [self._output(gens[ex.uid]) for ex in examples]
 
     def _output(self, gen: Any) -> Output:
@@ -115,9 +135,11 @@ def run_config(path: Path) -> tuple[dict[str, Any], Path | None]:
     record, adapter = run / "job.json", run / "adapter"
     if record.is_file() and (adapter / "adapter_config.json").is_file():
         return json.loads(record.read_text())["config"], adapter
-    raise GrammarRLError(f"{path}: not a training run directory (job.json and adapter/), an "
-                         f"adapter directory inside one, or a folder written by mode=export "
-                         f"({EXPORT_RECORD})")
+    raise GrammarRLError(
+        f"{path}: not a training run directory (job.json and adapter/), an "
+        f"adapter directory inside one, or a folder written by mode=export "
+        f"({EXPORT_RECORD})"
+    )
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> Policy:

@@ -21,8 +21,9 @@ class ResultsWriteError(GrammarRLError):
     previous file is intact."""
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[Any]], object], binary: bool = False
-                 ) -> Path:
+def atomic_write(
+    path: str | Path, write: Callable[[IO[Any]], object], binary: bool = False
+) -> Path:
     """Write `path` through `write(handle)` into a temp file beside it, fsync, rename over it:
     a kill or a full disk mid-write leaves the previous file intact."""
     path = Path(path)
@@ -30,7 +31,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[Any]], object], binary: b
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")) as handle:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
@@ -40,8 +41,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[Any]], object], binary: b
             os.unlink(tmp)
         if isinstance(err, OSError):  # disk full, quota, permissions: one clear message
             kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing written"
-            raise ResultsWriteError(
-                f"cannot write {path}: {err.strerror or err}; {kept}") from err
+            raise ResultsWriteError(f"cannot write {path}: {err.strerror or err}; {kept}") from err
         raise
     return path
 

@@ -64,7 +64,8 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
         "length_penalty": cfg.rollout.length_penalty,
         "model": model,
         "dtype": str(resolve_dtype(cfg.model.dtype, resolve_device(cfg.device))).removeprefix(
-            "torch."),
+            "torch."
+        ),
         "seed": cfg.seed,
         "batch_size": cfg.optim.batch_size,
     }
@@ -83,8 +84,11 @@ def entries(table: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 def differences(entry: dict[str, Any], conditions: dict[str, Any]) -> list[str]:
     """`name=stored (this run: value)` for each condition an entry was not measured under."""
-    return [f"{name}={entry.get(name, 'unrecorded')} (this run: {value})"
-            for name, value in conditions.items() if entry.get(name) != value]
+    return [
+        f"{name}={entry.get(name, 'unrecorded')} (this run: {value})"
+        for name, value in conditions.items()
+        if entry.get(name) != value
+    ]
 
 
 def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
@@ -112,11 +116,16 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
             return entry["sigma_direct"], entry["sigma_reverse"], str(calibration_file(cfg))
     if stored:
         closest = min((differences(e, conditions) for e in stored), key=len)
-        log.warning("not reusing the %d calibrated entries of %s in %s: the closest was measured "
-                    "with %s", len(stored), calibration_key(cfg), calibration_file(cfg),
-                    ", ".join(closest))
+        log.warning(
+            "not reusing the %d calibrated entries of %s in %s: the closest was measured with %s",
+            len(stored),
+            calibration_key(cfg),
+            calibration_file(cfg),
+            ", ".join(closest),
+        )
     paper = cfg.task.sigmas.get(cfg.model.name, {}).get(
-        rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width))
+        rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width)
+    )
     if paper is not None:
         return float(paper[0]), float(paper[1]), "paper table"
     return None
@@ -142,8 +151,11 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
     from grammarrl.rollout import collect_rollouts
 
     dev = task.splits().dev[: cfg.task.dev_size]
-    short = (f" (task.dev_size={cfg.task.dev_size}; the dev split holds {len(dev)})"
-             if len(dev) < cfg.task.dev_size else "")
+    short = (
+        f" (task.dev_size={cfg.task.dev_size}; the dev split holds {len(dev)})"
+        if len(dev) < cfg.task.dev_size
+        else ""
+    )
     log.info("calibrating %s on %d dev inputs%s", calibration_key(cfg), len(dev), short)
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
@@ -152,8 +164,9 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
     batch = cfg.optim.batch_size
     for start in tqdm(range(0, len(dev), batch), desc=f"calibrate {calibration_key(cfg)}"):
         with torch.no_grad():
-            out = collect_rollouts(decoder, scorer, tokenizer, task, dev[start:start + batch],
-                                   cfg.rollout, generator)
+            out = collect_rollouts(
+                decoder, scorer, tokenizer, task, dev[start : start + batch], cfg.rollout, generator
+            )
         direct.append(out.direct)
         reverse.append(out.reverse)
         valid.append(out.valid)
@@ -180,7 +193,12 @@ def run_calibrate(cfg: DictConfig) -> dict[str, Any]:
     entry = calibrate(cfg, model, tokenizer, task)
     path = store_sigmas(cfg, entry)
     write_json(run_dir(cfg) / "calibration.json", {calibration_key(cfg): entry})
-    log.info("σ_direct=%.4f σ_reverse=%.4f -> %s [%s]", entry["sigma_direct"],
-             entry["sigma_reverse"], path, calibration_key(cfg))
+    log.info(
+        "σ_direct=%.4f σ_reverse=%.4f -> %s [%s]",
+        entry["sigma_direct"],
+        entry["sigma_reverse"],
+        path,
+        calibration_key(cfg),
+    )
     print(json.dumps({"key": calibration_key(cfg), **entry}))
     return entry

@@ -25,26 +25,39 @@ class PhaseTimer(L.Callback):
         self.history: list[dict[str, float]] = []
         self._clock: dict[str, float] = {}
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                             batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._clock = {"step": time.perf_counter()}
 
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           loss: torch.Tensor) -> None:
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
         self._clock["backward"] = time.perf_counter()
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._clock["backward"] = time.perf_counter() - self._clock["backward"]
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                                 optimizer: torch.optim.Optimizer) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
         self._clock["optimizer"] = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         now = time.perf_counter()
-        seconds = {**pl_module.step_seconds, "backward": self._clock["backward"],
-                   "optimizer": now - self._clock["optimizer"], "step": now - self._clock["step"]}
+        seconds = {
+            **pl_module.step_seconds,
+            "backward": self._clock["backward"],
+            "optimizer": now - self._clock["optimizer"],
+            "step": now - self._clock["step"],
+        }
         self.history.append(seconds)
         for phase, value in seconds.items():
             pl_module.log(f"perf/{phase}_seconds", value, batch_size=1)
@@ -57,7 +70,10 @@ class RecordSettings(L.Callback):
     def __init__(self, cfg: DictConfig):
         self.config = config_dict(cfg)
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        checkpoint[RUN_RECORD] = {"config": self.config,
-                                  "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse]}
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[RUN_RECORD] = {
+            "config": self.config,
+            "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse],
+        }

@@ -64,8 +64,10 @@ def compose_job_config(overrides: list[str]) -> DictConfig:
 
 def known_keys() -> list[str]:
     """Every key a config may hold: the top-level scalars and `group.field` of each schema."""
-    return [*SCALARS, *(f"{group}.{f.name}" for group, schema in SCHEMAS.items()
-                        for f in fields(schema))]
+    return [
+        *SCALARS,
+        *(f"{group}.{f.name}" for group, schema in SCHEMAS.items() for f in fields(schema)),
+    ]
 
 
 def _similarity(key: str, known: str) -> float:
@@ -83,8 +85,11 @@ def unknown_key_error(key: str) -> ConfigError:
     scores = {known: _similarity(key, known) for known in known_keys()}
     best = max(scores.values())
     closest = " or ".join([k for k, score in scores.items() if score == best][:3])
-    hint = (f"did you mean {closest}?" if best >= 0.6 else
-            f"no known key is close, the nearest is {closest}; `--cfg job` prints them all")
+    hint = (
+        f"did you mean {closest}?"
+        if best >= 0.6
+        else f"no known key is close, the nearest is {closest}; `--cfg job` prints them all"
+    )
     return ConfigError(f"{key}: unknown config key ({hint})")
 
 
@@ -124,8 +129,10 @@ def resume_setting(value: Any) -> str | Path | None:
         return "auto"
     path = Path(str(value)).expanduser()
     if not path.is_file():
-        raise ConfigError(f"train.resume={value}: no such checkpoint file "
-                          "(expected auto, null or the path of a .ckpt file)")
+        raise ConfigError(
+            f"train.resume={value}: no such checkpoint file "
+            "(expected auto, null or the path of a .ckpt file)"
+        )
     return path
 
 
@@ -141,17 +148,25 @@ def device_type(spec: str) -> str:
 def _check_devices(cfg: DictConfig) -> None:
     """`device` is auto, cpu, cuda or cuda:N; `trainer.accelerator` must not contradict it."""
     device = str(cfg.device)
-    _check(device in ("auto", "cpu", "cuda") or (device.startswith("cuda:")
-                                                  and device[5:].isdigit()),
-           "device", device, "auto, cpu, cuda or cuda:N")
+    _check(
+        device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()),
+        "device",
+        device,
+        "auto, cpu, cuda or cuda:N",
+    )
     accelerator = str(cfg.trainer.accelerator)
-    _check(accelerator in ACCELERATORS, "trainer.accelerator", accelerator,
-           f"one of {', '.join(ACCELERATORS)}")
+    _check(
+        accelerator in ACCELERATORS,
+        "trainer.accelerator",
+        accelerator,
+        f"one of {', '.join(ACCELERATORS)}",
+    )
     wanted = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(accelerator)
     if wanted is not None and wanted != device_type(device):
         raise ConfigError(
             f"trainer.accelerator={accelerator} contradicts device={device} (the model is on "
-            f"{device_type(device)}): leave trainer.accelerator=auto, which follows device")
+            f"{device_type(device)}): leave trainer.accelerator=auto, which follows device"
+        )
 
 
 def validate(cfg: DictConfig) -> None:
@@ -164,19 +179,28 @@ def validate(cfg: DictConfig) -> None:
 
     check_task_keys(cfg)  # a custom task: its spec file merged into cfg.task, then checked
     typed = {group: _typed(group, cfg[group]) for group in SCHEMAS}
-    missing = [f"{group}.{key}" for group, node in typed.items()
-               for key in sorted(OmegaConf.missing_keys(node))]
+    missing = [
+        f"{group}.{key}"
+        for group, node in typed.items()
+        for key in sorted(OmegaConf.missing_keys(node))
+    ]
     if missing:
-        raise ConfigError(f"{missing[0]}: no value (the composed config lacks it; conf/ gives "
-                          "every key its default)")
+        raise ConfigError(
+            f"{missing[0]}: no value (the composed config lacks it; conf/ gives "
+            "every key its default)"
+        )
     _check_scalars(cfg)
     _check_task_and_model(typed["task"], typed["model"])
     _check_training(cfg, typed)
     _check_evaluation(cfg.mode, typed["eval"], typed["search"])
     logger = typed["logger"]
     _check(logger.name in LOGGERS, "logger", logger.name, f"one of {', '.join(LOGGERS)}")
-    _check(logger.name != "wandb" or logger.mode in LOGGER_MODES, "logger.mode", logger.mode,
-           f"one of {', '.join(LOGGER_MODES)}")
+    _check(
+        logger.name != "wandb" or logger.mode in LOGGER_MODES,
+        "logger.mode",
+        logger.mode,
+        f"one of {', '.join(LOGGER_MODES)}",
+    )
     _check_devices(cfg)
     resume_setting(cfg.train.resume)
 
@@ -187,8 +211,9 @@ def _check_scalars(cfg: DictConfig) -> None:
     _check(isinstance(lam, (int, float)) and 0.0 <= lam <= 1.0, "lambda", lam, "a number in [0, 1]")
     _check(isinstance(cfg.beta, (int, float)) and cfg.beta >= 0, "beta", cfg.beta, "a number >= 0")
     _check(isinstance(cfg.seed, int), "seed", cfg.seed, "an integer")
-    _check(isinstance(cfg.skip_completed, bool), "skip_completed", cfg.skip_completed,
-           "true or false")
+    _check(
+        isinstance(cfg.skip_completed, bool), "skip_completed", cfg.skip_completed, "true or false"
+    )
     _check(isinstance(cfg.overwrite, bool), "overwrite", cfg.overwrite, "true or false")
 
 
@@ -210,40 +235,76 @@ def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
     _check(optim.batch_size >= 1, "optim.batch_size", optim.batch_size, "an integer >= 1")
     trainer = typed["trainer"]
     _check(trainer.max_steps >= 1, "trainer.max_steps", trainer.max_steps, "an integer >= 1")
-    _check(isinstance(cfg.callbacks, Mapping), "callbacks", cfg.callbacks,
-           "a mapping {name: {_target_: module.Class, ...}}")
+    _check(
+        isinstance(cfg.callbacks, Mapping),
+        "callbacks",
+        cfg.callbacks,
+        "a mapping {name: {_target_: module.Class, ...}}",
+    )
     for name, spec in cfg.callbacks.items():
-        _check(isinstance(spec, Mapping) and "_target_" in spec, f"callbacks.{name}",
-               spec, "a mapping with _target_ (the callback's class) and its arguments")
+        _check(
+            isinstance(spec, Mapping) and "_target_" in spec,
+            f"callbacks.{name}",
+            spec,
+            "a mapping with _target_ (the callback's class) and its arguments",
+        )
     lora = typed["lora"]
     _check(lora.r >= 1, "lora.r", lora.r, "an integer >= 1")
     _check(0.0 <= lora.dropout < 1.0, "lora.dropout", lora.dropout, "a number in [0, 1)")
     for key in ("sigma_direct", "sigma_reverse"):
         value = cfg.reward[key]
-        _check(value is None or (isinstance(value, (int, float)) and value > 0), f"reward.{key}",
-               value, "null or a number > 0")
+        _check(
+            value is None or (isinstance(value, (int, float)) and value > 0),
+            f"reward.{key}",
+            value,
+            "null or a number > 0",
+        )
 
 
 def _check_evaluation(mode: str, ev: Any, search: Any) -> None:
     """eval (decoding, test sets, the adapter per mode) and search."""
-    _check(ev.adapter is None or mode in ADAPTER_MODES, "eval.adapter", ev.adapter,
-           f"null with mode={mode} (it is the adapter that mode=eval, search and export load)")
-    _check(ev.adapter is not None or mode != "export", "eval.adapter", ev.adapter,
-           "the trained adapter to merge and export (mode=export), e.g. <train run>/adapter")
+    _check(
+        ev.adapter is None or mode in ADAPTER_MODES,
+        "eval.adapter",
+        ev.adapter,
+        f"null with mode={mode} (it is the adapter that mode=eval, search and export load)",
+    )
+    _check(
+        ev.adapter is not None or mode != "export",
+        "eval.adapter",
+        ev.adapter,
+        "the trained adapter to merge and export (mode=export), e.g. <train run>/adapter",
+    )
     _check(ev.decoding in DECODINGS, "eval.decoding", ev.decoding, f"one of {DECODINGS}")
     for key in ("beam_width", "num_test_sets", "test_size", "batch_size"):
         _check(ev[key] >= 1, f"eval.{key}", ev[key], "an integer >= 1")
-    _check(search.method in SEARCH_METHODS, "search.method", search.method,
-           f"one of {', '.join(SEARCH_METHODS)}")
+    _check(
+        search.method in SEARCH_METHODS,
+        "search.method",
+        search.method,
+        f"one of {', '.join(SEARCH_METHODS)}",
+    )
     _check(search.particles >= 1, "search.particles", search.particles, "an integer >= 1")
-    _check(search.potential is None or search.potential in SEARCH_POTENTIALS, "search.potential",
-           search.potential, f"null or one of {', '.join(SEARCH_POTENTIALS)}")
-    _check(0.0 <= search.ess_threshold <= 1.0, "search.ess_threshold", search.ess_threshold,
-           "a number in [0, 1]")
+    _check(
+        search.potential is None or search.potential in SEARCH_POTENTIALS,
+        "search.potential",
+        search.potential,
+        f"null or one of {', '.join(SEARCH_POTENTIALS)}",
+    )
+    _check(
+        0.0 <= search.ess_threshold <= 1.0,
+        "search.ess_threshold",
+        search.ess_threshold,
+        "a number in [0, 1]",
+    )
     _check(search.temperature > 0, "search.temperature", search.temperature, "a number > 0")
     _check(search.batch_size >= 1, "search.batch_size", search.batch_size, "an integer >= 1")
-    _check(search.posterior_draws >= 0, "search.posterior_draws", search.posterior_draws,
-           "an integer >= 0")
+    _check(
+        search.posterior_draws >= 0,
+        "search.posterior_draws",
+        search.posterior_draws,
+        "an integer >= 0",
+    )
 
 
 def rollout_key(num_samples: int, beam_width: int) -> str:

@@ -29,8 +29,16 @@ class StepBatchSampler(Sampler[list[int]]):
     and the length is the whole run (`num_steps`), so Lightning sees one epoch.
     """
 
-    def __init__(self, size: int, batch_size: int, seed: int, num_steps: int, start: int = 0,
-                 rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        seed: int,
+        num_steps: int,
+        start: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if size < 1:
             raise ValueError("the training set is empty")
         self.size, self.batch_size, self.seed = size, batch_size, seed
@@ -45,7 +53,7 @@ class StepBatchSampler(Sampler[list[int]]):
         if self._perm is None or self._perm[0] != p:
             gen = torch.Generator().manual_seed(self.seed + p)
             self._perm = (p, torch.randperm(self.size, generator=gen).tolist())
-        return self._perm[1][j * self.batch_size:(j + 1) * self.batch_size]
+        return self._perm[1][j * self.batch_size : (j + 1) * self.batch_size]
 
     def __iter__(self) -> Iterator[list[int]]:
         for step in range(self.start, self.num_steps):
@@ -80,17 +88,31 @@ class GrammarRLDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         sampler = StepBatchSampler(
-            len(self.train), self.cfg.optim.batch_size, self.cfg.seed, self.cfg.trainer.max_steps,
+            len(self.train),
+            self.cfg.optim.batch_size,
+            self.cfg.seed,
+            self.cfg.trainer.max_steps,
             start=trainer.global_step if trainer is not None else 0,  # restored when resuming
             rank=trainer.global_rank if trainer is not None else 0,
             world_size=trainer.world_size if trainer is not None else 1,
         )
         # Own generator: creating the iterator must not draw from the global RNG (resume equality).
-        return DataLoader(self.train, batch_sampler=sampler, collate_fn=_as_list,
-                          generator=torch.Generator().manual_seed(self.cfg.seed))
+        return DataLoader(
+            self.train,
+            batch_sampler=sampler,
+            collate_fn=_as_list,
+            generator=torch.Generator().manual_seed(self.cfg.seed),
+        )
 
     def val_dataloader(self) -> list[DataLoader]:
         # Own generators: validation between steps must not draw from the global RNG (which the
         # next step's LoRA dropout uses), or a resumed run would diverge.
-        return [DataLoader(v, batch_size=self.cfg.eval.batch_size, collate_fn=_as_list,
-                           generator=torch.Generator().manual_seed(self.cfg.seed)) for v in self.val]
+        return [
+            DataLoader(
+                v,
+                batch_size=self.cfg.eval.batch_size,
+                collate_fn=_as_list,
+                generator=torch.Generator().manual_seed(self.cfg.seed),
+            )
+            for v in self.val
+        ]

@@ -55,8 +55,12 @@ def run_scoring_job(cfg: DictConfig, decode: Callable[..., dict[str, Any]]) -> d
 
 def run_eval(cfg: DictConfig) -> dict[str, Any]:
     """mode=eval: decode the test sets with `eval.decoding`, score them, write the results."""
-    return run_scoring_job(cfg, lambda cfg, model, tokenizer, task, out: evaluate(
-        cfg, model, tokenizer, task, cfg.eval.decoding, out, adapter=cfg.eval.adapter))
+    return run_scoring_job(
+        cfg,
+        lambda cfg, model, tokenizer, task, out: evaluate(
+            cfg, model, tokenizer, task, cfg.eval.decoding, out, adapter=cfg.eval.adapter
+        ),
+    )
 
 
 def summary_line(results: dict[str, Any]) -> str:
@@ -67,19 +71,25 @@ def summary_line(results: dict[str, Any]) -> str:
         decoding = f"beam({results.get('beam_width')}{f', lp={penalty}' if penalty else ''})"
     elif diagnostics is not None:
         decoding = f"{decoding}(N={results['particles']}, {results['potential']})"
-    line = (f"{results['task']} {results['model']} {decoding}: {results['metric']} "
-            f"{results['mean']:.4f} ± {results['std']:.4f} over {len(results['scores'])} test "
-            f"set(s) {[round(s, 4) for s in results['scores']]}; validity "
-            f"{results['validity']:.3f}")
+    line = (
+        f"{results['task']} {results['model']} {decoding}: {results['metric']} "
+        f"{results['mean']:.4f} ± {results['std']:.4f} over {len(results['scores'])} test "
+        f"set(s) {[round(s, 4) for s in results['scores']]}; validity "
+        f"{results['validity']:.3f}"
+    )
     if diagnostics is None:
-        return (f"{line}, truncated {results['truncated']:.3f}; "
-                f"{results['seconds_per_example']:.2f} s/example -> {results['path']}")
+        return (
+            f"{line}, truncated {results['truncated']:.3f}; "
+            f"{results['seconds_per_example']:.2f} s/example -> {results['path']}"
+        )
     cost = results.get("cost")
     cost_text = f"cost {cost:.1f}x greedy (tokens {results['cost_tokens']:.1f}x)" if cost else ""
-    return (f"{line}; mean ESS {diagnostics['mean_ess']:.2f}, complete "
-            f"{diagnostics['complete_selected']:.3f}, vanished {diagnostics['weights_vanished']:.3f}"
-            f", posterior-weighted {diagnostics['posterior_weighted']:.4f}; {cost_text} -> "
-            f"{results['path']}")
+    return (
+        f"{line}; mean ESS {diagnostics['mean_ess']:.2f}, complete "
+        f"{diagnostics['complete_selected']:.3f}, vanished {diagnostics['weights_vanished']:.3f}"
+        f", posterior-weighted {diagnostics['posterior_weighted']:.4f}; {cost_text} -> "
+        f"{results['path']}"
+    )
 
 
 def is_valid(task: Task, gen: Generation) -> bool:
@@ -106,19 +116,25 @@ def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> tuple[int
         log.warning(
             "the %s grammar rejects %d of %d distinct gold outputs of the test sets: those "
             "examples cannot be predicted exactly (first: %r); `mode=prepare` checks every split",
-            task.name, len(rejected), len(golds), rejected[0][:200])
+            task.name,
+            len(rejected),
+            len(golds),
+            rejected[0][:200],
+        )
     return len(rejected), len(golds)
 
 
-def distinct_prompts(tokenizer: Any, task: Task, examples: list[Example]
-                     ) -> tuple[dict[str, Example], dict[str, list[int]], list[str]]:
+def distinct_prompts(
+    tokenizer: Any, task: Task, examples: list[Example]
+) -> tuple[dict[str, Example], dict[str, list[int]], list[str]]:
     """Each distinct example once (test sets may share some): uid -> example, uid -> its
     forward prompt's tokens, and the uids longest prompt first (the order of the batches)."""
     unique: dict[str, Example] = {}
     for ex in examples:
         unique.setdefault(ex.uid, ex)
-    prompts = {uid: encode_prompt(tokenizer, task.forward_messages(ex))
-               for uid, ex in unique.items()}
+    prompts = {
+        uid: encode_prompt(tokenizer, task.forward_messages(ex)) for uid, ex in unique.items()
+    }
     return unique, prompts, sorted(unique, key=lambda uid: -len(prompts[uid]))
 
 
@@ -158,9 +174,14 @@ def decode_examples(
     return outputs
 
 
-def output_rewards(model: torch.nn.Module, tokenizer: Any, task: Task, examples: list[Example],
-                   outputs: dict[str, Generation], progress: bool = True
-                   ) -> dict[str, tuple[float, float] | None]:
+def output_rewards(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Task,
+    examples: list[Example],
+    outputs: dict[str, Generation],
+    progress: bool = True,
+) -> dict[str, tuple[float, float] | None]:
     """uid -> (R_direct, R_reverse) of its output under the frozen reference (`model` with its
     adapter disabled): the training reward of what a system emits, before λ and the σ's
     (`eval.score_rewards`). None for an empty output."""
@@ -170,30 +191,42 @@ def output_rewards(model: torch.nn.Module, tokenizer: Any, task: Task, examples:
 
     scorer = ReferenceScorer(model, tokenizer, task)
     unique = list({ex.uid: ex for ex in examples}.values())
-    return {ex.uid: scorer.score_output(ex, encode_prompt(tokenizer, task.forward_messages(ex)),
-                                        outputs[ex.uid].token_ids, outputs[ex.uid].text)
-            for ex in tqdm(unique, desc="reference rewards", unit="ex", disable=not progress)}
+    return {
+        ex.uid: scorer.score_output(
+            ex,
+            encode_prompt(tokenizer, task.forward_messages(ex)),
+            outputs[ex.uid].token_ids,
+            outputs[ex.uid].text,
+        )
+        for ex in tqdm(unique, desc="reference rewards", unit="ex", disable=not progress)
+    }
 
 
-def reward_means(rewards: dict[str, tuple[float, float] | None], test_set: list[Example]
-                 ) -> dict[str, float]:
+def reward_means(
+    rewards: dict[str, tuple[float, float] | None], test_set: list[Example]
+) -> dict[str, float]:
     """Per test set: mean R_direct and R_reverse over its outputs that have tokens."""
     scored = [rewards[ex.uid] for ex in test_set if rewards[ex.uid] is not None]
     if not scored:
         return {"reward_direct": float("nan"), "reward_reverse": float("nan"), "reward_scored": 0}
-    return {"reward_direct": sum(d for d, _ in scored) / len(scored),
-            "reward_reverse": sum(r for _, r in scored) / len(scored),
-            "reward_scored": len(scored)}
+    return {
+        "reward_direct": sum(d for d, _ in scored) / len(scored),
+        "reward_reverse": sum(r for _, r in scored) / len(scored),
+        "reward_scored": len(scored),
+    }
 
 
-def reward_fields(rewards: dict[str, tuple[float, float] | None] | None, uid: str
-                  ) -> dict[str, float | None]:
+def reward_fields(
+    rewards: dict[str, tuple[float, float] | None] | None, uid: str
+) -> dict[str, float | None]:
     """A prediction row's reward fields ({} when rewards were not scored)."""
     if rewards is None:
         return {}
     value = rewards[uid]
-    return {"reward_direct": value[0] if value else None,
-            "reward_reverse": value[1] if value else None}
+    return {
+        "reward_direct": value[0] if value else None,
+        "reward_reverse": value[1] if value else None,
+    }
 
 
 def score_test_sets(
@@ -211,33 +244,37 @@ def score_test_sets(
         gens = [selected[ex.uid] for ex in test_set]
         result = task.score([g.text for g in gens], test_set)
         scores.append(result.value)
-        per_set.append({
-            "value": result.value,
-            "size": len(test_set),
-            "validity": sum(is_valid(task, g) for g in gens) / len(gens),
-            "truncated": sum(g.truncated for g in gens) / len(gens),
-            "task_validity": result.validity,
-            **(set_fields(set_idx, test_set) if set_fields else {}),
-            "details": result.details,
-            **(reward_means(rewards, test_set) if rewards is not None else {}),
-        })
+        per_set.append(
+            {
+                "value": result.value,
+                "size": len(test_set),
+                "validity": sum(is_valid(task, g) for g in gens) / len(gens),
+                "truncated": sum(g.truncated for g in gens) / len(gens),
+                "task_validity": result.validity,
+                **(set_fields(set_idx, test_set) if set_fields else {}),
+                "details": result.details,
+                **(reward_means(rewards, test_set) if rewards is not None else {}),
+            }
+        )
         for ex, gen, item in zip(test_set, gens, result.per_example):
-            rows.append({
-                "set": set_idx,
-                "uid": ex.uid,
-                "input": ex.input,
-                "gold": ex.target,
-                "prediction": gen.text,
-                "valid": is_valid(task, gen),
-                "finished": gen.finished,
-                "truncated": gen.truncated,
-                "num_tokens": gen.num_tokens,
-                "logp_constrained": gen.sum_logp_constrained,
-                "logp_unconstrained": gen.sum_logp_unconstrained,
-                "scores": item,
-                **(row_fields(set_idx, ex, gen) if row_fields else {}),
-                **reward_fields(rewards, ex.uid),
-            })
+            rows.append(
+                {
+                    "set": set_idx,
+                    "uid": ex.uid,
+                    "input": ex.input,
+                    "gold": ex.target,
+                    "prediction": gen.text,
+                    "valid": is_valid(task, gen),
+                    "finished": gen.finished,
+                    "truncated": gen.truncated,
+                    "num_tokens": gen.num_tokens,
+                    "logp_constrained": gen.sum_logp_constrained,
+                    "logp_unconstrained": gen.sum_logp_unconstrained,
+                    "scores": item,
+                    **(row_fields(set_idx, ex, gen) if row_fields else {}),
+                    **reward_fields(rewards, ex.uid),
+                }
+            )
     return scores, per_set, rows
 
 
@@ -254,8 +291,7 @@ def output_summary(task: Task, outputs: list[Generation], seconds: float) -> dic
     }
 
 
-def sets_summary(cfg: DictConfig, test_sets: list[list[Example]], distinct: int
-                     ) -> dict[str, Any]:
+def sets_summary(cfg: DictConfig, test_sets: list[list[Example]], distinct: int) -> dict[str, Any]:
     """How the test sets were drawn and decoded (results fields shared by eval and search)."""
     return {
         "num_test_sets": len(test_sets),
@@ -267,8 +303,9 @@ def sets_summary(cfg: DictConfig, test_sets: list[list[Example]], distinct: int
     }
 
 
-def save_results(out: Path, results: dict[str, Any], rows: list[dict[str, Any]], name: str
-                 ) -> dict[str, Any]:
+def save_results(
+    out: Path, results: dict[str, Any], rows: list[dict[str, Any]], name: str
+) -> dict[str, Any]:
     """Write `<out>/<name>.json` and its predictions; the record gains `path`."""
     path = write_results(out, results, rows, name=name)
     results["path"] = str(path)
@@ -303,12 +340,22 @@ def evaluate(
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     started = time.perf_counter()
     outputs = decode_examples(
-        decoder, tokenizer, task, all_examples, decoding, beam_width, cfg.eval.batch_size, progress,
+        decoder,
+        tokenizer,
+        task,
+        all_examples,
+        decoding,
+        beam_width,
+        cfg.eval.batch_size,
+        progress,
         length_penalty=cfg.eval.length_penalty,
     )
     seconds = time.perf_counter() - started
-    rewards = (output_rewards(model, tokenizer, task, all_examples, outputs, progress)
-               if cfg.eval.score_rewards else None)
+    rewards = (
+        output_rewards(model, tokenizer, task, all_examples, outputs, progress)
+        if cfg.eval.score_rewards
+        else None
+    )
 
     scores, per_set, rows = score_test_sets(task, test_sets, outputs, rewards)
     unique = list(outputs.values())

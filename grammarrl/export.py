@@ -27,8 +27,17 @@ log = logging.getLogger(__name__)
 
 GRAMMAR_FILE = "grammar.lark"
 EXAMPLE_FILE = "example_prompt.json"
-TRAINED_KEYS = ("lambda", "beta", "rollout.num_samples", "rollout.beam_width", "optim.lr",
-                "optim.batch_size", "trainer.max_steps", "lora.r", "lora.alpha")
+TRAINED_KEYS = (
+    "lambda",
+    "beta",
+    "rollout.num_samples",
+    "rollout.beam_width",
+    "optim.lr",
+    "optim.batch_size",
+    "trainer.max_steps",
+    "lora.r",
+    "lora.alpha",
+)
 
 
 def export_dir(cfg: DictConfig) -> Path:
@@ -53,14 +62,18 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
 def model_card(cfg: DictConfig, adapter: Path, trained: dict[str, Any] | None) -> str:
     """A short README: base model, task, how the adapter was trained, how to use the folder."""
     if trained is None:
-        training = (f"The adapter ({adapter}) holds no record of its training run, so its "
-                    "settings are not listed here.")
+        training = (
+            f"The adapter ({adapter}) holds no record of its training run, so its "
+            "settings are not listed here."
+        )
     else:
         settings = ", ".join(f"`{k}={_lookup(trained, k)}`" for k in TRAINED_KEYS)
-        training = ("Trained with GrammarRL: label-free RLOO over grammar-constrained rollouts "
-                    "(N samples and the beam top-B per input), rewarded by the frozen base "
-                    "model's own likelihoods, direct and reverse, mixed by λ, with a KL penalty "
-                    f"β to the base model. Settings: {settings}.")
+        training = (
+            "Trained with GrammarRL: label-free RLOO over grammar-constrained rollouts "
+            "(N samples and the beam top-B per input), rewarded by the frozen base "
+            "model's own likelihoods, direct and reverse, mixed by λ, with a KL penalty "
+            f"β to the base model. Settings: {settings}."
+        )
     base = cfg.model.get("path") or cfg.model.name
     return f"""# GrammarRL policy: {cfg.task.name} on {cfg.model.name}
 
@@ -100,19 +113,32 @@ def run_export(cfg: DictConfig) -> dict[str, Any]:
     policy, tokenizer = load_evaluated_model(cfg)
     merged = policy.merge_and_unload()
     stop = end_of_turn_id(tokenizer)
-    merged.generation_config.update(eos_token_id=stop, pad_token_id=stop, do_sample=False,
-                                    max_new_tokens=cfg.task.max_new_tokens)
+    merged.generation_config.update(
+        eos_token_id=stop,
+        pad_token_id=stop,
+        do_sample=False,
+        max_new_tokens=cfg.task.max_new_tokens,
+    )
     merged.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / GRAMMAR_FILE).write_text(task.grammar(), encoding="utf-8")
     splits = task.splits()
     example = next(iter(splits.test_pool or splits.dev or splits.train))
-    write_json(out / EXAMPLE_FILE, {"input": example.input, "gold": example.target or None,
-                                    "messages": task.forward_messages(example)})
-    (out / "README.md").write_text(model_card(cfg, adapter, training_record(adapter)),
-                                   encoding="utf-8")
-    write_json(out / "grammarrl_export.json", {"adapter": str(adapter), "task": cfg.task.name,
-                                               "config": config_dict(cfg)})
+    write_json(
+        out / EXAMPLE_FILE,
+        {
+            "input": example.input,
+            "gold": example.target or None,
+            "messages": task.forward_messages(example),
+        },
+    )
+    (out / "README.md").write_text(
+        model_card(cfg, adapter, training_record(adapter)), encoding="utf-8"
+    )
+    write_json(
+        out / "grammarrl_export.json",
+        {"adapter": str(adapter), "task": cfg.task.name, "config": config_dict(cfg)},
+    )
     log.info("exported %s merged with %s to %s", cfg.model.name, adapter, out)
     print(f"exported: {out}")
     return {"export_dir": str(out), "adapter": str(adapter), "task": cfg.task.name}

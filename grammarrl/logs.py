@@ -9,18 +9,28 @@ import warnings
 
 # (message regex, why it is noise for a GrammarRL user)
 THIRD_PARTY_WARNINGS = (
-    (r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-     "Lightning's own pytree helper against newer torch; nothing to change on our side"),
-    (r"Found \d+ module\(s\) in eval mode at the start of training",
-     "by design: rollouts and the policy pass keep dropout layers in eval mode"),
-    (r"You're resuming from a checkpoint that ended before the epoch ended",
-     "our batches are indexed by step, so a resumed run replays the same inputs exactly"),
-    (r"Previous log files in this directory will be deleted",
-     "a resumed run keeps the earlier metrics rows (grammarrl.train merges them back)"),
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        "Lightning's own pytree helper against newer torch; nothing to change on our side",
+    ),
+    (
+        r"Found \d+ module\(s\) in eval mode at the start of training",
+        "by design: rollouts and the policy pass keep dropout layers in eval mode",
+    ),
+    (
+        r"You're resuming from a checkpoint that ended before the epoch ended",
+        "our batches are indexed by step, so a resumed run replays the same inputs exactly",
+    ),
+    (
+        r"Previous log files in this directory will be deleted",
+        "a resumed run keeps the earlier metrics rows (grammarrl.train merges them back)",
+    ),
 )
 THIRD_PARTY_INFO = (
     "💡 Tip:",  # Lightning advertising other products
-    "GPU available:", "TPU available:", "HPU available:",  # our own log names the device
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",  # our own log names the device
     "Seed set to",  # our seed is in the config and the run record
     "`Trainer.fit` stopped:",  # the progress bar and the summary say where training ended
 )

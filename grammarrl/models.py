@@ -94,9 +94,11 @@ def load_tokenizer(model_cfg: DictConfig, cache_dir: str | Path) -> Any:
     return tokenizer
 
 
-HUB_HELP = ("log in with `hf auth login` and accept the model's licence on the hub, or set "
-            "model.path to a local model directory; for offline use, HF_HUB_OFFLINE=1 with the "
-            "model already in the Hugging Face cache")
+HUB_HELP = (
+    "log in with `hf auth login` and accept the model's licence on the hub, or set "
+    "model.path to a local model directory; for offline use, HF_HUB_OFFLINE=1 with the "
+    "model already in the Hugging Face cache"
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 
@@ -104,8 +106,9 @@ WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 def hub_error(path: str, err: Exception) -> ModelError:
     """One line for a model that transformers could not load from `model.path`."""
     first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
-    return ModelError(f"cannot load model.path={path}: {first[:300]} ({type(err).__name__}); "
-                      f"{HUB_HELP}")
+    return ModelError(
+        f"cannot load model.path={path}: {first[:300]} ({type(err).__name__}); {HUB_HELP}"
+    )
 
 
 def missing_model_files(directory: Path) -> list[str]:
@@ -152,13 +155,18 @@ def check_model_source(model_cfg: DictConfig) -> None:
             raise ModelError(
                 f"model.path={path}: the directory lacks {', '.join(missing)}; point model.path "
                 "at a Hugging Face model directory (e.g. one written by `hf download "
-                "meta-llama/Llama-3.2-1B-Instruct --local-dir DIR`)")
+                "meta-llama/Llama-3.2-1B-Instruct --local-dir DIR`)"
+            )
     elif _looks_local(path) or local.exists():
-        raise ModelError(f"model.path={path}: no such directory (a local model directory or a "
-                         "hub id such as meta-llama/Llama-3.2-1B-Instruct)")
+        raise ModelError(
+            f"model.path={path}: no such directory (a local model directory or a "
+            "hub id such as meta-llama/Llama-3.2-1B-Instruct)"
+        )
     elif _hub_offline() and not _in_hub_cache(path):
-        raise ModelError(f"model.path={path}: not in the Hugging Face cache and the hub is "
-                         f"offline (HF_HUB_OFFLINE=1); {HUB_HELP}")
+        raise ModelError(
+            f"model.path={path}: not in the Hugging Face cache and the hub is "
+            f"offline (HF_HUB_OFFLINE=1); {HUB_HELP}"
+        )
 
 
 def _weights_path(model_cfg: DictConfig, cache_dir: Path) -> str:
@@ -221,8 +229,13 @@ def load_model(
             float32_head(model)
         model.to(device_)
         model.eval()
-        log.info("model %s: %s on %s%s", model_cfg.name, str(dtype).removeprefix("torch."), device_,
-                 " (model.dtype=auto)" if model_cfg.dtype == "auto" else "")
+        log.info(
+            "model %s: %s on %s%s",
+            model_cfg.name,
+            str(dtype).removeprefix("torch."),
+            device_,
+            " (model.dtype=auto)" if model_cfg.dtype == "auto" else "",
+        )
     return model, tokenizer
 
 
@@ -235,8 +248,13 @@ def float32_head(model: torch.nn.Module) -> None:
     head = model.get_output_embeddings()
     if head is None or head.weight.dtype == torch.float32:
         return
-    full = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None,
-                           device=head.weight.device, dtype=torch.float32)
+    full = torch.nn.Linear(
+        head.in_features,
+        head.out_features,
+        bias=head.bias is not None,
+        device=head.weight.device,
+        dtype=torch.float32,
+    )
     with torch.no_grad():
         full.weight.copy_(head.weight.float())
         if head.bias is not None:
@@ -277,8 +295,9 @@ def peft_deprecations_quiet() -> Iterator[None]:
     """PEFT calls Transformers' deprecated `is_gradient_checkpointing` when it wraps a model:
     a FutureWarning users cannot act on, silenced here only."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
-                                category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
         yield
 
 
@@ -304,8 +323,10 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: boo
             f"{str(err).splitlines()[0][:300]})"
         ) from err
     except Exception as err:  # a truncated or corrupt weights file (safetensors, torch)
-        raise ModelError(f"eval.adapter={adapter_dir}: the adapter weights cannot be read "
-                         f"({type(err).__name__}: {str(err)[:200]})") from err
+        raise ModelError(
+            f"eval.adapter={adapter_dir}: the adapter weights cannot be read "
+            f"({type(err).__name__}: {str(err)[:200]})"
+        ) from err
 
 
 @functools.cache

@@ -86,9 +86,11 @@ class SignalWatch:
         """The warning for a stretch still open (at the end of training), else None."""
         if self.start is None:
             return None
-        message = (f"steps {self.start}-{self.last}: every rollout group's candidates were "
-                   "identical, so RLOO had no signal (all advantages 0) and the policy moved only "
-                   "through the KL term; the rollouts have collapsed (see train/identical_groups)")
+        message = (
+            f"steps {self.start}-{self.last}: every rollout group's candidates were "
+            "identical, so RLOO had no signal (all advantages 0) and the policy moved only "
+            "through the KL term; the rollouts have collapsed (see train/identical_groups)"
+        )
         self.start = self.last = None
         return message
 
@@ -96,8 +98,15 @@ class SignalWatch:
 class GrammarRLModule(L.LightningModule):
     """Policy = base model + LoRA; reference = the same model with the adapter disabled."""
 
-    def __init__(self, cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, task: Task,
-                 sigma_direct: float, sigma_reverse: float):
+    def __init__(
+        self,
+        cfg: DictConfig,
+        policy: torch.nn.Module,
+        tokenizer: Any,
+        task: Task,
+        sigma_direct: float,
+        sigma_reverse: float,
+    ):
         super().__init__()
         self.cfg = cfg
         self.policy = policy
@@ -108,8 +117,9 @@ class GrammarRLModule(L.LightningModule):
         share = cfg.train.share_prefix
         if cfg.train.gradient_checkpointing:  # only in train mode: rollouts and scoring keep caches
             enable_activation_checkpointing(policy)
-        self.decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens,
-                                          share_prefix=share)
+        self.decoder = ConstrainedDecoder(
+            policy, tokenizer, task.grammar(), cfg.task.max_new_tokens, share_prefix=share
+        )
         self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)
         self.strict_loading = False  # checkpoints hold only the adapter (trainable) weights
         self.samples: list[dict[str, Any]] = []
@@ -123,15 +133,18 @@ class GrammarRLModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.cfg.optim.lr,
-                                 weight_decay=self.cfg.optim.weight_decay)
+        return torch.optim.AdamW(
+            params, lr=self.cfg.optim.lr, weight_decay=self.cfg.optim.weight_decay
+        )
 
     def _policy_logp(self, prompts: list[list[int]], groups: list) -> torch.Tensor:
         """log pi_theta(y|x), unconstrained, summed over tokens, with gradient: [inputs, N+1]."""
         rows = []
         for prompt, group in zip(prompts, groups):
             token_logp = sequence_logprobs(
-                self.policy, [prompt + g.token_ids for g in group], [len(prompt)] * len(group),
+                self.policy,
+                [prompt + g.token_ids for g in group],
+                [len(prompt)] * len(group),
                 share_prefix=self.cfg.train.share_prefix,
             )
             rows.append(torch.stack([lp.sum() for lp in token_logp]))
@@ -143,17 +156,30 @@ class GrammarRLModule(L.LightningModule):
         rolled out (LoRA dropout only with `train.policy_dropout`)."""
         self.policy.eval()  # rollouts and reference scoring without dropout
         with torch.no_grad():
-            out = collect_rollouts(self.decoder, self.scorer, self.tokenizer, self.task, batch,
-                                   self.cfg.rollout, self.generator)
-        rewards = combine_rewards(out.direct, out.reverse, self.cfg["lambda"],
-                                  self.sigma_direct, self.sigma_reverse)
+            out = collect_rollouts(
+                self.decoder,
+                self.scorer,
+                self.tokenizer,
+                self.task,
+                batch,
+                self.cfg.rollout,
+                self.generator,
+            )
+        rewards = combine_rewards(
+            out.direct, out.reverse, self.cfg["lambda"], self.sigma_direct, self.sigma_reverse
+        )
         advantages = rloo_advantages(rewards, out.valid)
         policy_train_mode(self.policy, dropout=self.cfg.train.policy_dropout)
         started = time.perf_counter()
         policy_logp = self._policy_logp(out.prompts, out.groups)
         seconds = {**out.seconds, "policy": time.perf_counter() - started}
-        loss, parts = grammarrl_loss(policy_logp, out.ref_logp.to(policy_logp.device),
-                                     advantages.to(policy_logp.device), self.cfg.beta, out.valid)
+        loss, parts = grammarrl_loss(
+            policy_logp,
+            out.ref_logp.to(policy_logp.device),
+            advantages.to(policy_logp.device),
+            self.cfg.beta,
+            out.valid,
+        )
         return StepOutputs(out, rewards, advantages, policy_logp, loss, parts, seconds)
 
     def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
@@ -168,16 +194,23 @@ class GrammarRLModule(L.LightningModule):
         """Raise before backward/optimizer step: the adapter and last.ckpt stay the last good
         ones."""
         step = self.global_step
-        bad = [name for name, t in (("rewards", rewards), ("policy log-probs", policy_logp))
-               if not torch.isfinite(t).all()]
+        bad = [
+            name
+            for name, t in (("rewards", rewards), ("policy log-probs", policy_logp))
+            if not torch.isfinite(t).all()
+        ]
         callback = self.trainer.checkpoint_callback if self._trainer is not None else None
         path = getattr(callback, "last_model_path", "") or ""
-        kept = (f"last good checkpoint: {path} (after {self.last_checkpoint_step} steps)"
-                if path and self.last_checkpoint_step is not None else "no checkpoint was saved yet")
+        kept = (
+            f"last good checkpoint: {path} (after {self.last_checkpoint_step} steps)"
+            if path and self.last_checkpoint_step is not None
+            else "no checkpoint was saved yet"
+        )
         raise NonFiniteLossError(
             f"training stopped: the loss is {loss.item()} at step {step + 1} "
             f"(global_step {step}){' from non-finite ' + ' and '.join(bad) if bad else ''}; "
-            f"no update was applied; {kept}")
+            f"no update was applied; {kept}"
+        )
 
     def _log_step(self, out, rewards, advantages, loss, parts) -> None:
         gens = [g for group in out.groups for g in group]
@@ -207,32 +240,40 @@ class GrammarRLModule(L.LightningModule):
             "train/beam_best_share": beam_best,
             "train/identical_groups": identical.float().mean(),
             "train/candidate_tokens": torch.tensor(
-                [len(g.token_ids) for g in gens], dtype=torch.float).mean(),
+                [len(g.token_ids) for g in gens], dtype=torch.float
+            ).mean(),
         }
         self.log_dict(metrics, batch_size=len(out.examples), prog_bar=False)
         self.log("reward", metrics["train/reward"], prog_bar=True, batch_size=len(out.examples))
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
         first = out.groups[0]
-        self.samples.append({
-            "step": self.global_step, "input": out.examples[0].input,
-            "candidates": [g.text for g in first],
-            "rewards": [round(v, 4) for v in rewards[0].tolist()],
-        })
+        self.samples.append(
+            {
+                "step": self.global_step,
+                "input": out.examples[0].input,
+                "candidates": [g.text for g in first],
+                "rewards": [round(v, 4) for v in rewards[0].tolist()],
+            }
+        )
 
     def on_train_end(self) -> None:
         warning = self.signal.flush()
         if warning:
             log.warning(warning)
 
-    def validation_step(self, batch: list[Example], batch_idx: int, dataloader_idx: int = 0) -> None:
+    def validation_step(
+        self, batch: list[Example], batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         """Greedy outputs of the current policy, and their reward under the frozen reference
         (what training maximises): does training raise the reward of what greedy emits?"""
         self.policy.eval()
         prompts = [encode_prompt(self.tokenizer, self.task.forward_messages(ex)) for ex in batch]
         with torch.no_grad():
             gens = self.decoder.greedy(prompts)
-        rewards = [self.scorer.score_output(ex, prompt, g.token_ids, g.text)
-                   for ex, prompt, g in zip(batch, prompts, gens)]
+        rewards = [
+            self.scorer.score_output(ex, prompt, g.token_ids, g.text)
+            for ex, prompt, g in zip(batch, prompts, gens)
+        ]
         self._val_preds.setdefault(dataloader_idx, []).extend(zip(gens, batch, rewards))
 
     def on_validation_epoch_start(self) -> None:
@@ -249,30 +290,45 @@ class GrammarRLModule(L.LightningModule):
             prefix = f"val/{names[idx]}_"
             # Lightning logs a validation at the step index of the last trained batch, so the
             # one before training and the one after the first step share step 0: this says which.
-            metrics = {"trained_steps": self.global_step, scores.metric: scores.value,
-                       "validity": scores.validity,
-                       **{k: v for k, v in scores.details.items() if isinstance(v, (int, float))}}
+            metrics = {
+                "trained_steps": self.global_step,
+                scores.metric: scores.value,
+                "validity": scores.validity,
+                **{k: v for k, v in scores.details.items() if isinstance(v, (int, float))},
+            }
             scored = [r for r in rewards if r is not None]
             if scored:
                 direct, reverse = torch.tensor(scored, dtype=torch.float64).T
-                combined = combine_rewards(direct, reverse, self.cfg["lambda"],
-                                           self.sigma_direct, self.sigma_reverse)
-                metrics.update(reward=combined.mean().item(), reward_direct=direct.mean().item(),
-                               reward_reverse=reverse.mean().item())
+                combined = combine_rewards(
+                    direct, reverse, self.cfg["lambda"], self.sigma_direct, self.sigma_reverse
+                )
+                metrics.update(
+                    reward=combined.mean().item(),
+                    reward_direct=direct.mean().item(),
+                    reward_reverse=reverse.mean().item(),
+                )
             for key, value in metrics.items():
-                self.log(prefix + key, float(value), batch_size=len(gens),
-                         add_dataloader_idx=False, prog_bar=idx == 0 and key == scores.metric,
-                         sync_dist=True)
+                self.log(
+                    prefix + key,
+                    float(value),
+                    batch_size=len(gens),
+                    add_dataloader_idx=False,
+                    prog_bar=idx == 0 and key == scores.metric,
+                    sync_dist=True,
+                )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items()
-                                    if k in trainable}
+        checkpoint["state_dict"] = {
+            k: v for k, v in checkpoint["state_dict"].items() if k in trainable
+        }
         # What an exact resume needs beyond weights, optimizer and loop progress: the sampling
         # stream, the global RNGs (LoRA dropout) and the rollout samples logged so far.
         # Every rank's streams: rank 0 writes the file, and each rank resumes its own.
         checkpoint["grammarrl"] = {
-            "ranks": _gather_objects({"generator": self.generator.get_state(), "rng": _rng_states()}),
+            "ranks": _gather_objects(
+                {"generator": self.generator.get_state(), "rng": _rng_states()}
+            ),
             "samples": list(self.samples),
         }
         self.last_checkpoint_step = int(checkpoint.get("global_step", self.global_step))
@@ -286,12 +342,19 @@ class GrammarRLModule(L.LightningModule):
         unexpected = sorted(set(saved) - set(own))
         wrong = sorted(n for n in set(own) & set(saved) if tuple(saved[n].shape) != tuple(own[n]))
         if missing or unexpected or wrong:
-            detail = "; ".join(f"{what}: {len(names)} (e.g. {names[0]})" for what, names in
-                               (("missing", missing), ("unexpected", unexpected),
-                                ("wrong shape", wrong)) if names)
+            detail = "; ".join(
+                f"{what}: {len(names)} (e.g. {names[0]})"
+                for what, names in (
+                    ("missing", missing),
+                    ("unexpected", unexpected),
+                    ("wrong shape", wrong),
+                )
+                if names
+            )
             raise ModelError(
                 "the checkpoint does not fit this model and LoRA config (another base model, "
-                f"lora.r or target modules?): {detail}")
+                f"lora.r or target modules?): {detail}"
+            )
         state = checkpoint.get("grammarrl")
         if state is None:
             return
@@ -299,9 +362,11 @@ class GrammarRLModule(L.LightningModule):
             self.setup("fit")
         ranks = state.get("ranks", [state])  # a checkpoint from before per-rank states: one
         if len(ranks) != self.trainer.world_size:
-            raise ModelError(f"the checkpoint holds the sampling streams of {len(ranks)} "
-                             f"process(es); this run has {self.trainer.world_size}: resume with "
-                             f"trainer.devices={len(ranks)}, or start afresh (train.resume=null)")
+            raise ModelError(
+                f"the checkpoint holds the sampling streams of {len(ranks)} "
+                f"process(es); this run has {self.trainer.world_size}: resume with "
+                f"trainer.devices={len(ranks)}, or start afresh (train.resume=null)"
+            )
         own = ranks[self.global_rank]
         self.generator.set_state(own["generator"])
         _set_rng_states(own["rng"])
@@ -341,4 +406,3 @@ def _set_rng_states(states: dict[str, Any]) -> None:
     np.random.set_state((name, keys.numpy(), *rest))
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(internal), gauss))
-

@@ -54,17 +54,35 @@ PROMPT_SAMPLE = 64  # training inputs whose prompts are measured (the longest on
 # config.json of the paper's models (public), for planning without the hub.
 PAPER_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "meta-llama/Llama-3.2-1B-Instruct": {
-        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-        "vocab_size": 128256, "tie_word_embeddings": True},
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "tie_word_embeddings": True,
+    },
     "meta-llama/Llama-3.2-3B-Instruct": {
-        "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
-        "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 128256, "tie_word_embeddings": True},
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "tie_word_embeddings": True,
+    },
     "meta-llama/Llama-3.1-8B-Instruct": {
-        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "vocab_size": 128256, "tie_word_embeddings": False},
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -95,8 +113,12 @@ class MemoryPlan:
         return {card: self.total <= mib * 2**20 for card, mib in CARDS_MIB.items()}
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total": self.total,
-                "total_gib": round(self.total / GIB, 3), "fits": self.fits()}
+        return {
+            **asdict(self),
+            "total": self.total,
+            "total_gib": round(self.total / GIB, 3),
+            "fits": self.fits(),
+        }
 
 
 def model_config(model_cfg: DictConfig, cache_dir: str | Path) -> Any:
@@ -109,17 +131,23 @@ def model_config(model_cfg: DictConfig, cache_dir: str | Path) -> Any:
 
     if model_cfg.source == "tiny":
         return LlamaConfig(
-            vocab_size=49152, hidden_size=model_cfg.hidden_size,
+            vocab_size=49152,
+            hidden_size=model_cfg.hidden_size,
             intermediate_size=model_cfg.intermediate_size,
-            num_hidden_layers=model_cfg.num_layers, num_attention_heads=model_cfg.num_heads,
-            num_key_value_heads=model_cfg.num_heads, tie_word_embeddings=True)
+            num_hidden_layers=model_cfg.num_layers,
+            num_attention_heads=model_cfg.num_heads,
+            num_key_value_heads=model_cfg.num_heads,
+            tie_word_embeddings=True,
+        )
     path = _weights_path(model_cfg, Path(cache_dir))
     if Path(path).expanduser().is_dir() or _in_hub_cache(path):
         return AutoConfig.from_pretrained(path)
     if path in PAPER_ARCHITECTURES:
         return LlamaConfig(**PAPER_ARCHITECTURES[path])
-    raise ModelError(f"model.path={path}: no config.json found locally (a model directory or the "
-                     "Hugging Face cache) to plan with; download the model's config.json first")
+    raise ModelError(
+        f"model.path={path}: no config.json found locally (a model directory or the "
+        "Hugging Face cache) to plan with; download the model's config.json first"
+    )
 
 
 @contextlib.contextmanager
@@ -137,8 +165,9 @@ def fused_attention() -> Iterator[None]:
             batch, heads, length = query.shape[:-1]
             out = query.new_empty(batch, length, heads, value.shape[-1]).transpose(1, 2)
             logsumexp = query.new_empty(query.shape[:-1], dtype=torch.float32)
-            ctx.save_for_backward(query, key, value, out, logsumexp,
-                                  *([mask] if mask is not None else []))
+            ctx.save_for_backward(
+                query, key, value, out, logsumexp, *([mask] if mask is not None else [])
+            )
             return out
 
         @staticmethod
@@ -155,8 +184,9 @@ def fused_attention() -> Iterator[None]:
         torch.nn.functional.scaled_dot_product_attention = original
 
 
-def saved_activation_bytes(policy: torch.nn.Module, prompt_tokens: int,
-                           candidate_lengths: list[int]) -> int:
+def saved_activation_bytes(
+    policy: torch.nn.Module, prompt_tokens: int, candidate_lengths: list[int]
+) -> int:
     """Bytes autograd keeps for backward after the policy pass of one input: its prompt once,
     then its candidates packed after it (`sequence_logprobs` with a shared prefix), counting
     each storage once and leaving out the model's own weights."""
@@ -179,8 +209,13 @@ def saved_activation_bytes(policy: torch.nn.Module, prompt_tokens: int,
     return sum(saved.values())
 
 
-def build_policy(config: Any, dtype: torch.dtype, lora_cfg: DictConfig, checkpointing: bool,
-                 device: str | torch.device = "meta") -> torch.nn.Module:
+def build_policy(
+    config: Any,
+    dtype: torch.dtype,
+    lora_cfg: DictConfig,
+    checkpointing: bool,
+    device: str | torch.device = "meta",
+) -> torch.nn.Module:
     """The training policy as `grammarrl.train` builds it (half-precision weights with a float32
     head, LoRA, optional activation checkpointing, train mode without dropout), on `device`."""
     from transformers import AutoModelForCausalLM
@@ -203,8 +238,9 @@ def _bytes(params: Any) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def plan_step(cfg: DictConfig, prompt_tokens: int, candidate_tokens: int,
-              runtime: int) -> MemoryPlan:
+def plan_step(
+    cfg: DictConfig, prompt_tokens: int, candidate_tokens: int, runtime: int
+) -> MemoryPlan:
     """The peak of one RL step of `cfg` with prompts of `prompt_tokens` and every candidate
     `candidate_tokens` long (N samples and the beam winner per input)."""
     from grammarrl.config import device_type
@@ -225,8 +261,11 @@ def plan_step(cfg: DictConfig, prompt_tokens: int, candidate_tokens: int,
         # gradients otherwise: one layer's activations of the input, twice (values, gradients).
         one_layer = copy.deepcopy(config)
         one_layer.num_hidden_layers = 1
-        layer = saved_activation_bytes(build_policy(one_layer, dtype, cfg.lora, False),
-                                       prompt_tokens, [candidate_tokens] * candidates)
+        layer = saved_activation_bytes(
+            build_policy(one_layer, dtype, cfg.lora, False),
+            prompt_tokens,
+            [candidate_tokens] * candidates,
+        )
     layers, kv_dim = config.num_hidden_layers, _kv_dim(config)
     rows = cfg.rollout.num_samples + cfg.rollout.beam_width  # decoded after each prompt
     rollout_tokens = prompt_tokens + rows * candidate_tokens
@@ -241,11 +280,19 @@ def plan_step(cfg: DictConfig, prompt_tokens: int, candidate_tokens: int,
     if int(cfg.trainer.devices) > 1:  # DDP's gradient buckets: a second copy of the gradients
         parts["ddp_buckets"] = _bytes(trainable)
     return MemoryPlan(
-        model=str(cfg.model.name), task=str(cfg.task.name), device=device.type,
-        dtype=str(dtype).removeprefix("torch."), frozen_parameters=sum(p.numel() for p in frozen),
-        trainable_parameters=sum(p.numel() for p in trainable), prompt_tokens=prompt_tokens,
-        candidate_tokens=candidate_tokens, candidates=candidates, inputs_per_step=inputs,
-        gradient_checkpointing=checkpointing, parts=parts)
+        model=str(cfg.model.name),
+        task=str(cfg.task.name),
+        device=device.type,
+        dtype=str(dtype).removeprefix("torch."),
+        frozen_parameters=sum(p.numel() for p in frozen),
+        trainable_parameters=sum(p.numel() for p in trainable),
+        prompt_tokens=prompt_tokens,
+        candidate_tokens=candidate_tokens,
+        candidates=candidates,
+        inputs_per_step=inputs,
+        gradient_checkpointing=checkpointing,
+        parts=parts,
+    )
 
 
 def _kv_dim(config: Any) -> int:
@@ -270,7 +317,9 @@ def longest_prompt(cfg: DictConfig, sample: int = PROMPT_SAMPLE) -> tuple[int, s
         tokenizer, counted_with = load_tokenizer(smollm2, cfg.cache_dir), "smollm2 (stand-in)"
     task = load_task(cfg)
     train = task.splits().train[:sample]
-    return max(len(encode_prompt(tokenizer, task.forward_messages(ex))) for ex in train), counted_with
+    return max(
+        len(encode_prompt(tokenizer, task.forward_messages(ex))) for ex in train
+    ), counted_with
 
 
 def runtime_bytes(cfg: DictConfig) -> int:
@@ -283,14 +332,20 @@ def runtime_bytes(cfg: DictConfig) -> int:
 
 def format_plan(plan: MemoryPlan, notes: list[str]) -> str:
     """The plan as a small table a person reads, then the JSON line."""
-    lines = [(f"{plan.model} on {plan.task}: {plan.dtype} on {plan.device}, "
-              f"{plan.inputs_per_step} inputs per step and process, prompt {plan.prompt_tokens} "
-              f"tokens, {plan.candidates} candidates of {plan.candidate_tokens} tokens, gradient "
-              f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}")]
+    lines = [
+        (
+            f"{plan.model} on {plan.task}: {plan.dtype} on {plan.device}, "
+            f"{plan.inputs_per_step} inputs per step and process, prompt {plan.prompt_tokens} "
+            f"tokens, {plan.candidates} candidates of {plan.candidate_tokens} tokens, gradient "
+            f"checkpointing {'on' if plan.gradient_checkpointing else 'off'}"
+        )
+    ]
     for name, value in plan.parts.items():
         lines.append(f"  {name:<16} {value / GIB:8.2f} GiB")
-    lines.append(f"  {'peak':<16} {plan.total / GIB:8.2f} GiB   fits: " + ", ".join(
-        f"{card} {'yes' if ok else 'no'}" for card, ok in plan.fits().items()))
+    lines.append(
+        f"  {'peak':<16} {plan.total / GIB:8.2f} GiB   fits: "
+        + ", ".join(f"{card} {'yes' if ok else 'no'}" for card, ok in plan.fits().items())
+    )
     lines += [f"  note: {note}" for note in notes]
     lines.append(json.dumps(plan.as_dict()))
     return "\n".join(lines)
@@ -300,12 +355,20 @@ def main(argv: list[str] | None = None) -> int:
     from grammarrl.config import compose_job_config, device_type, validate
     from grammarrl.logs import quiet_third_party
 
-    parser = argparse.ArgumentParser(prog="python -m grammarrl.plan", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m grammarrl.plan", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, as for grammarrl.run")
-    parser.add_argument("--prompt-tokens", type=int, help="plan this prompt length instead of "
-                        "the longest of the task's first training prompts")
-    parser.add_argument("--candidate-tokens", type=int,
-                        help="plan this candidate length instead of task.max_new_tokens")
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        help="plan this prompt length instead of the longest of the task's first training prompts",
+    )
+    parser.add_argument(
+        "--candidate-tokens",
+        type=int,
+        help="plan this candidate length instead of task.max_new_tokens",
+    )
     args = parser.parse_args(argv)
     quiet_third_party()
     try:
@@ -314,14 +377,19 @@ def main(argv: list[str] | None = None) -> int:
         notes = []
         if args.prompt_tokens is None:
             prompt_tokens, counted_with = longest_prompt(cfg)
-            notes.append(f"prompt: the longest of {PROMPT_SAMPLE} training prompts, counted with "
-                         f"{counted_with}'s tokenizer")
+            notes.append(
+                f"prompt: the longest of {PROMPT_SAMPLE} training prompts, counted with "
+                f"{counted_with}'s tokenizer"
+            )
         else:
             prompt_tokens = args.prompt_tokens
         candidate_tokens = args.candidate_tokens or int(cfg.task.max_new_tokens)
-        notes.append(f"runtime: {CPU_RUNTIME_GIB} GiB resident besides weights, optimizer and "
-                     "activations, measured on SmolLM2" if device_type(cfg.device) == "cpu" else
-                     f"runtime: {CUDA_RUNTIME_GIB} GiB outside PyTorch's allocator, assumed")
+        notes.append(
+            f"runtime: {CPU_RUNTIME_GIB} GiB resident besides weights, optimizer and "
+            "activations, measured on SmolLM2"
+            if device_type(cfg.device) == "cpu"
+            else f"runtime: {CUDA_RUNTIME_GIB} GiB outside PyTorch's allocator, assumed"
+        )
         plan = plan_step(cfg, prompt_tokens, candidate_tokens, runtime_bytes(cfg))
     except GrammarRLError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -21,9 +21,13 @@ def save_figure(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def panel_grid(panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, float]]]]],
-               path: Path, columns: int = 3, xlabel: str = "training step",
-               ylabels: Sequence[str] | None = None) -> Path:
+def panel_grid(
+    panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, float]]]]],
+    path: Path,
+    columns: int = 3,
+    xlabel: str = "training step",
+    ylabels: Sequence[str] | None = None,
+) -> Path:
     """Small multiples: one panel per (title, {line label: [(x, y)]}); a label keeps its colour
     in every panel; the legend sits in the first panel with lines (every panel with lines when
     the panels' labels differ). `ylabels`: one y-axis label per panel."""
@@ -37,8 +41,13 @@ def panel_grid(panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, fl
             if not points:
                 continue
             steps, values = zip(*points)
-            ax.plot(steps, values, color=f"C{labels.index(label)}", label=label,
-                    marker="." if len(points) <= 20 else None)
+            ax.plot(
+                steps,
+                values,
+                color=f"C{labels.index(label)}",
+                label=label,
+                marker="." if len(points) <= 20 else None,
+            )
         ax.set(title=title, xlabel=xlabel)
         if ylabels is not None:
             ax.set_ylabel(ylabels[index])
@@ -47,6 +56,6 @@ def panel_grid(panels: Sequence[tuple[str, Mapping[str, Sequence[tuple[float, fl
         if lines and (not legend or not shared):
             ax.legend(fontsize=7)
             legend = True
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     return save_figure(fig, path)

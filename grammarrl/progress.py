@@ -31,8 +31,14 @@ class StepProgressBar(TQDMProgressBar):
         bar.unit = "step"
         bar.set_description("train")
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         bar = self.train_progress_bar
         if bar is not None and not bar.disable:
             bar.n = trainer.global_step
@@ -43,8 +49,14 @@ class StepProgressBar(TQDMProgressBar):
         metrics.pop("v_num", None)  # the CSV logger's version folder name: not a metric
         return metrics
 
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                                  batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         super().on_validation_batch_start(trainer, pl_module, batch, batch_idx, dataloader_idx)
         names = getattr(trainer.datamodule, "val_names", None)
         if batch_idx == 0 and names and not trainer.sanity_checking:  # a slice's first batch

@@ -31,7 +31,9 @@ class CandidateScores:
 class ReferenceScorer:
     """Scores candidates with pi_ref (the policy with its adapter disabled)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, task: Task, share_prefix: bool = True):
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, task: Task, share_prefix: bool = True
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.task = task
@@ -54,8 +56,9 @@ class ReferenceScorer:
         return self.tokenizer.encode(example.input, add_special_tokens=False)
 
     @torch.no_grad()
-    def reverse_logprobs(self, example: Example, candidate_texts: list[str]
-                         ) -> tuple[list[torch.Tensor], int]:
+    def reverse_logprobs(
+        self, example: Example, candidate_texts: list[str]
+    ) -> tuple[list[torch.Tensor], int]:
         """Per-token log pi_ref(x_k | tau(y), x_<k) of x after each candidate y's reverse prompt,
         and the token positions run for them (the sequences after the cached static prefix)."""
         reverse_prefix = self.reverse_static_prefix() if self.share_prefix else None
@@ -67,7 +70,9 @@ class ReferenceScorer:
         sequences = [p + x_ids for p in reverse_prompts]
         with reference_mode(self.model):
             logps = sequence_logprobs(
-                self.model, sequences, [len(p) for p in reverse_prompts],
+                self.model,
+                sequences,
+                [len(p) for p in reverse_prompts],
                 share_prefix=self.share_prefix,
                 prefix=reverse_prefix,
             )
@@ -75,12 +80,19 @@ class ReferenceScorer:
         return logps, sum(len(seq) - cached for seq in sequences)
 
     @torch.no_grad()
-    def score(self, example: Example, prompt: list[int], candidates: list[list[int]],
-              candidate_texts: list[str]) -> CandidateScores:
+    def score(
+        self,
+        example: Example,
+        prompt: list[int],
+        candidates: list[list[int]],
+        candidate_texts: list[str],
+    ) -> CandidateScores:
         """Score the candidates (token ids, end-of-turn included) of one input x."""
         with reference_mode(self.model):
             forward = sequence_logprobs(
-                self.model, [prompt + c for c in candidates], [len(prompt)] * len(candidates),
+                self.model,
+                [prompt + c for c in candidates],
+                [len(prompt)] * len(candidates),
                 share_prefix=self.share_prefix,
             )
         reverse, _ = self.reverse_logprobs(example, candidate_texts)
@@ -90,8 +102,9 @@ class ReferenceScorer:
             ref_logp=torch.stack([lp.sum() for lp in forward]),
         )
 
-    def score_output(self, example: Example, prompt: list[int], token_ids: list[int], text: str
-                     ) -> tuple[float, float] | None:
+    def score_output(
+        self, example: Example, prompt: list[int], token_ids: list[int], text: str
+    ) -> tuple[float, float] | None:
         """(R_direct, R_reverse) of one output of `example` (e.g. what greedy decoding emitted,
         end-of-turn included) after its forward `prompt`; None for an empty output (nothing to
         score)."""

@@ -5,8 +5,13 @@ from __future__ import annotations
 import torch
 
 
-def combine_rewards(direct: torch.Tensor, reverse: torch.Tensor, lam: float,
-                    sigma_direct: float, sigma_reverse: float) -> torch.Tensor:
+def combine_rewards(
+    direct: torch.Tensor,
+    reverse: torch.Tensor,
+    lam: float,
+    sigma_direct: float,
+    sigma_reverse: float,
+) -> torch.Tensor:
     """r = (1-λ)·R_direct/σ_direct + λ·R_reverse/σ_reverse."""
     return (1.0 - lam) * direct / sigma_direct + lam * reverse / sigma_reverse
 
@@ -29,9 +34,13 @@ def rloo_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None) ->
     return (kept - others).masked_fill(~(valid & (count >= 2)), 0.0)
 
 
-def grammarrl_loss(policy_logp: torch.Tensor, ref_logp: torch.Tensor, advantages: torch.Tensor,
-                   beta: float, valid: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def grammarrl_loss(
+    policy_logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    beta: float,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Mean over candidates of −A_i·log π_θ(y_i|x) + β·(log π_θ(y_i|x) − log π_ref(y_i|x)):
     with equal groups, the mean over prompts of 1/(N+1)·Σ_i [...], as in the paper.
 
@@ -45,5 +54,7 @@ def grammarrl_loss(policy_logp: torch.Tensor, ref_logp: torch.Tensor, advantages
     kl = policy_logp - ref_logp.detach()
     pg = -advantages.detach() * policy_logp
     loss = ((pg + beta * kl) * weight).sum() / count
-    return loss, {"loss/pg": ((pg * weight).sum() / count).detach(),
-                  "kl": ((kl * weight).sum() / count).detach()}
+    return loss, {
+        "loss/pg": ((pg * weight).sum() / count).detach(),
+        "kl": ((kl * weight).sum() / count).detach(),
+    }

@@ -30,18 +30,29 @@ class RolloutBatch:
     seconds: dict[str, float]  # wall time per phase: "rollout", "scoring"
 
 
-def collect_rollouts(decoder: ConstrainedDecoder, scorer: ReferenceScorer, tokenizer: Any,
-                     task: Task, examples: list[Example], rollout: DictConfig,
-                     generator: torch.Generator | None = None) -> RolloutBatch:
+def collect_rollouts(
+    decoder: ConstrainedDecoder,
+    scorer: ReferenceScorer,
+    tokenizer: Any,
+    task: Task,
+    examples: list[Example],
+    rollout: DictConfig,
+    generator: torch.Generator | None = None,
+) -> RolloutBatch:
     """Generate the group of N samples + beam top-1 for each input and score it with pi_ref.
 
     An empty candidate (a dead end at the first token, or no beam survived) has no tokens to
     score: it is marked invalid and takes no part in rewards, advantages or the loss."""
     started = time.perf_counter()
     prompts = [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
-    groups = decoder.rollout(prompts, num_samples=rollout.num_samples,
-                             beam_width=rollout.beam_width, temperature=rollout.temperature,
-                             generator=generator, length_penalty=rollout.length_penalty)
+    groups = decoder.rollout(
+        prompts,
+        num_samples=rollout.num_samples,
+        beam_width=rollout.beam_width,
+        temperature=rollout.temperature,
+        generator=generator,
+        length_penalty=rollout.length_penalty,
+    )
     rolled_out = time.perf_counter()
     scores = [
         scorer.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group])
@@ -54,7 +65,9 @@ def collect_rollouts(decoder: ConstrainedDecoder, scorer: ReferenceScorer, token
         return stacked.masked_fill(~valid.to(stacked.device), 0.0)
 
     return RolloutBatch(
-        examples=examples, prompts=prompts, groups=groups,
+        examples=examples,
+        prompts=prompts,
+        groups=groups,
         direct=gather([s.direct for s in scores]),
         reverse=gather([s.reverse for s in scores]),
         ref_logp=gather([s.ref_logp for s in scores]),

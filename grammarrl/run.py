@@ -92,10 +92,14 @@ def record_timing(started: float) -> None:
     out = hydra_run_dir()
     if out is not None:
         finished = time.time()
-        write_json(out / TIMING, {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(finished)),
-            "wall_seconds": round(finished - started, 1)})
+        write_json(
+            out / TIMING,
+            {
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(finished)),
+                "wall_seconds": round(finished - started, 1),
+            },
+        )
 
 
 def record_failure(cfg: DictConfig, err: BaseException) -> None:
@@ -167,8 +171,14 @@ def check_command_line(argv: list[str]) -> None:
 
     args = get_args_parser().parse_args(argv)
     custom = args.config_path or args.config_name or args.config_dir
-    if args.multirun or custom or args.help or args.hydra_help or args.info \
-            or args.shell_completion:
+    if (
+        args.multirun
+        or custom
+        or args.help
+        or args.hydra_help
+        or args.info
+        or args.shell_completion
+    ):
         return
     try:
         validate(compose_job_config(args.overrides))

@@ -48,18 +48,40 @@ SKIPPABLE_MODES = ("train", "eval", "search")
 BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume", "task._target_")
 # Keys a training run may change and still continue from its checkpoint (logged when changed).
 # Its σ's come from the checkpoint, so where the calibration file lives does not matter either.
-CONTINUABLE = ("trainer.max_steps", "eval", "train.eval_baseline", "train.eval_beam",
-               "train.share_prefix", "train.gradient_checkpointing", "trainer.val_check_interval",
-               "train.val_size", "train.checkpoint_every_n_steps", "trainer.log_every_n_steps",
-               "trainer.enable_model_summary", "cache_dir", "reward.calibration_file")
+CONTINUABLE = (
+    "trainer.max_steps",
+    "eval",
+    "train.eval_baseline",
+    "train.eval_beam",
+    "train.share_prefix",
+    "train.gradient_checkpointing",
+    "trainer.val_check_interval",
+    "train.val_size",
+    "train.checkpoint_every_n_steps",
+    "trainer.log_every_n_steps",
+    "trainer.enable_model_summary",
+    "cache_dir",
+    "reward.calibration_file",
+)
 # Trainer arguments a config recorded before `trainer` built the Trainer did not hold: the
 # values the Trainer was built with then.
-TRAINER_BEFORE = {"_target_": "lightning.pytorch.Trainer", "check_val_every_n_epoch": None,
-                  "num_sanity_val_steps": 0, "enable_model_summary": False,
-                  "use_distributed_sampler": False}
+TRAINER_BEFORE = {
+    "_target_": "lightning.pytorch.Trainer",
+    "check_val_every_n_epoch": None,
+    "num_sanity_val_steps": 0,
+    "enable_model_summary": False,
+    "use_distributed_sampler": False,
+}
 RESULTS = ("results*.json", "predictions*.jsonl")
-OUTPUTS = (*RESULTS, "checkpoints", "adapter", "metrics", "samples.jsonl", "calibration.json",
-           "timing.json")
+OUTPUTS = (
+    *RESULTS,
+    "checkpoints",
+    "adapter",
+    "metrics",
+    "samples.jsonl",
+    "calibration.json",
+    "timing.json",
+)
 HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
 
 
@@ -143,8 +165,9 @@ def _under(key: str, prefixes: Sequence[str]) -> bool:
     return any(key == p or key.startswith(f"{p}.") for p in prefixes)
 
 
-def differing_keys(old: Mapping[str, Any], new: Mapping[str, Any],
-                   ignore: Sequence[str] = BOOKKEEPING) -> list[str]:
+def differing_keys(
+    old: Mapping[str, Any], new: Mapping[str, Any], ignore: Sequence[str] = BOOKKEEPING
+) -> list[str]:
     """Dotted keys whose values differ between two resolved configs, sorted; a key one of them
     lacks (added or removed since) counts as null."""
     a, b = flatten(old), flatten(new)
@@ -167,9 +190,12 @@ def read_record(out: Path) -> dict[str, Any] | None:
             continue
         config = data.get("config")
         if isinstance(config, dict):
-            return {"mode": data.get("mode", config.get("mode")), "config": current_names(config),
-                    "hydra_files": data.get("hydra_files", {}),
-                    "resolved": data.get("resolved", {})}
+            return {
+                "mode": data.get("mode", config.get("mode")),
+                "config": current_names(config),
+                "hydra_files": data.get("hydra_files", {}),
+                "resolved": data.get("resolved", {}),
+            }
     return None
 
 
@@ -196,30 +222,46 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
         return Plan()
     new = config_dict(cfg)
     if record["mode"] != cfg.mode:
-        _refuse(out, record, f"{out} holds the outputs of a mode={record['mode']} run; "
-                f"mode={cfg.mode} would write its results on top of them: give this job its own "
-                "directory (hydra.run.dir=... or hydra.sweep.dir=...)")
+        _refuse(
+            out,
+            record,
+            f"{out} holds the outputs of a mode={record['mode']} run; "
+            f"mode={cfg.mode} would write its results on top of them: give this job its own "
+            "directory (hydra.run.dir=... or hydra.sweep.dir=...)",
+        )
     changed = differing_keys(record["config"], new)
     machine = machine_differences(record, stored_results(out), resolved_settings(cfg))
     if not changed and not machine:
         done = stored_results(out) if cfg.mode in SKIPPABLE_MODES else None
         if done is not None and cfg.skip_completed:
-            log.warning("Skipping this job: %s holds its results under the same settings "
-                        "(skip_completed=false runs it again)", out)
+            log.warning(
+                "Skipping this job: %s holds its results under the same settings "
+                "(skip_completed=false runs it again)",
+                out,
+            )
             return Plan(done=done)
         return Plan()
     what = ", ".join(filter(None, [describe(record["config"], new, changed), *machine]))
     if cfg.mode == "train" and not machine and all(_under(k, CONTINUABLE) for k in changed):
-        log.warning("Continuing the training run in %s with %s; results made before are "
-                    "removed and made again", out, what)
+        log.warning(
+            "Continuing the training run in %s with %s; results made before are "
+            "removed and made again",
+            out,
+            what,
+        )
         return Plan(remove=outputs(out, RESULTS))
     if cfg.overwrite:
-        log.warning("overwrite=true: deleting the outputs of %s (%s) before this job runs", out,
-                    what)
+        log.warning(
+            "overwrite=true: deleting the outputs of %s (%s) before this job runs", out, what
+        )
         return Plan(remove=present)
-    _refuse(out, record, f"{out} holds outputs produced with other settings: {what}; use a new "
-            "directory (hydra.run.dir=... or hydra.sweep.dir=...), or overwrite=true to delete "
-            "them and run here")
+    _refuse(
+        out,
+        record,
+        f"{out} holds outputs produced with other settings: {what}; use a new "
+        "directory (hydra.run.dir=... or hydra.sweep.dir=...), or overwrite=true to delete "
+        "them and run here",
+    )
 
 
 def resolved_settings(cfg: DictConfig) -> dict[str, str]:
@@ -228,19 +270,25 @@ def resolved_settings(cfg: DictConfig) -> dict[str, str]:
     from grammarrl.models import resolve_device, resolve_dtype
 
     device = resolve_device(cfg.device)
-    return {"device": device.type,
-            "dtype": str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch.")}
+    return {
+        "device": device.type,
+        "dtype": str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch."),
+    }
 
 
-def machine_differences(record: Mapping[str, Any], results: Mapping[str, Any] | None,
-                        here: Mapping[str, str]) -> list[str]:
+def machine_differences(
+    record: Mapping[str, Any], results: Mapping[str, Any] | None, here: Mapping[str, str]
+) -> list[str]:
     """`dtype=bfloat16 (this machine: float32)` for each resolved setting the directory's
     outputs were produced under (its record, else its results) that differs here."""
     there = dict(record.get("resolved") or {})
     if not there and results:  # a record written before resolved settings were recorded
         there = {k: str(results[k]).split(":")[0] for k in ("device", "dtype") if results.get(k)}
-    return [f"{key}={there[key]} (this machine: {value})" for key, value in here.items()
-            if key in there and there[key] != value]
+    return [
+        f"{key}={there[key]} (this machine: {value})"
+        for key, value in here.items()
+        if key in there and there[key] != value
+    ]
 
 
 def _refuse(out: Path, record: Mapping[str, Any], message: str) -> NoReturn:
@@ -260,11 +308,17 @@ def commit(cfg: DictConfig, out: Path, plan: Plan) -> None:
         else:
             path.unlink(missing_ok=True)
     hydra_dir = out / ".hydra"
-    write_json(out / RECORD, {
-        "mode": cfg.mode,
-        "config": config_dict(cfg),
-        "resolved": resolved_settings(cfg),
-        "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "hydra_files": {name: (hydra_dir / name).read_text() for name in HYDRA_FILES
-                        if (hydra_dir / name).is_file()},
-    })
+    write_json(
+        out / RECORD,
+        {
+            "mode": cfg.mode,
+            "config": config_dict(cfg),
+            "resolved": resolved_settings(cfg),
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "hydra_files": {
+                name: (hydra_dir / name).read_text()
+                for name in HYDRA_FILES
+                if (hydra_dir / name).is_file()
+            },
+        },
+    )

@@ -181,13 +181,26 @@ SCHEMAS: dict[str, type] = {
     "logger": LoggerSchema,
 }
 # Top-level keys that are not config groups.
-SCALARS = ("mode", "lambda", "beta", "seed", "device", "skip_completed", "overwrite", "cache_dir",
-           "callbacks")
+SCALARS = (
+    "mode",
+    "lambda",
+    "beta",
+    "seed",
+    "device",
+    "skip_completed",
+    "overwrite",
+    "cache_dir",
+    "callbacks",
+)
 
 
 # Keys that moved (old name -> name now): an override of the old name says where it went, and
 # configs recorded before are read under the names of now (`rundir.current_names`).
-MOVED = {"optim.max_steps": "trainer.max_steps", "optim.grad_clip": "trainer.gradient_clip_val",
-         "trainer.val_size": "train.val_size", "trainer.val_at_start": "train.val_at_start",
-         "trainer.checkpoint_every_n_steps": "train.checkpoint_every_n_steps",
-         "trainer.callbacks": "callbacks"}
+MOVED = {
+    "optim.max_steps": "trainer.max_steps",
+    "optim.grad_clip": "trainer.gradient_clip_val",
+    "trainer.val_size": "train.val_size",
+    "trainer.val_at_start": "train.val_at_start",
+    "trainer.checkpoint_every_n_steps": "train.checkpoint_every_n_steps",
+    "trainer.callbacks": "callbacks",
+}

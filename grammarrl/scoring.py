@@ -84,34 +84,55 @@ def sequence_logprobs(
         raise ValueError("each score_from must be in [1, len(sequence)]")
     if prefix is not None:
         cached = len(prefix.tokens)
-        if any(seq[:cached] != prefix.tokens or start < cached
-               for seq, start in zip(sequences, score_from)):
+        if any(
+            seq[:cached] != prefix.tokens or start < cached
+            for seq, start in zip(sequences, score_from)
+        ):
             raise ValueError("every sequence must start with the given prefix, scored after it")
-        return _packed_logprobs(model, [], [seq[cached:] for seq in sequences],
-                                [start - cached for start in score_from], prefix)
+        return _packed_logprobs(
+            model,
+            [],
+            [seq[cached:] for seq in sequences],
+            [start - cached for start in score_from],
+            prefix,
+        )
     if not share_prefix:
         return _padded_logprobs(model, sequences, score_from)
     shared = min(common_prefix_length(sequences), min(score_from))
-    return _packed_logprobs(model, sequences[0][:shared], [seq[shared:] for seq in sequences],
-                            [start - shared for start in score_from], None)
+    return _packed_logprobs(
+        model,
+        sequences[0][:shared],
+        [seq[shared:] for seq in sequences],
+        [start - shared for start in score_from],
+        None,
+    )
 
 
-def _padded_logprobs(model: torch.nn.Module, sequences: list[list[int]], score_from: list[int]
-                     ) -> list[torch.Tensor]:
+def _padded_logprobs(
+    model: torch.nn.Module, sequences: list[list[int]], score_from: list[int]
+) -> list[torch.Tensor]:
     """One right-padded row per sequence, no sharing."""
     device = _model_device(model)
     width = max(len(s) for s in sequences)
     pad = sequences[0][0]
     ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences], device=device)
     valid = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences], device=device)
-    token_logp = _gather_logprobs(model(input_ids=ids, attention_mask=valid).logits[:, :-1],
-                                  ids[:, 1:])
-    return [token_logp[i, start - 1: len(seq) - 1]
-            for i, (seq, start) in enumerate(zip(sequences, score_from))]
+    token_logp = _gather_logprobs(
+        model(input_ids=ids, attention_mask=valid).logits[:, :-1], ids[:, 1:]
+    )
+    return [
+        token_logp[i, start - 1 : len(seq) - 1]
+        for i, (seq, start) in enumerate(zip(sequences, score_from))
+    ]
 
 
-def _packed_logprobs(model: torch.nn.Module, head: list[int], suffixes: list[list[int]],
-                     starts: list[int], cached: Prefix | None) -> list[torch.Tensor]:
+def _packed_logprobs(
+    model: torch.nn.Module,
+    head: list[int],
+    suffixes: list[list[int]],
+    starts: list[int],
+    cached: Prefix | None,
+) -> list[torch.Tensor]:
     """Log-probs of suffixes[i][starts[i]:] after a shared prefix: `cached` (already run,
     read from its cache) followed by `head` (run here), with the suffixes packed into one row.
 
@@ -128,16 +149,23 @@ def _packed_logprobs(model: torch.nn.Module, head: list[int], suffixes: list[lis
         segment += [row] * len(suffix)
     seg = torch.tensor(segment, device=device)
     index = torch.arange(len(ids), device=device)
-    visible = (index[None, :] <= index[:, None]) & ((seg[None, :] == -1) | (seg[None, :] == seg[:, None]))
+    visible = (index[None, :] <= index[:, None]) & (
+        (seg[None, :] == -1) | (seg[None, :] == seg[:, None])
+    )
     visible = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=device), visible], 1)
     mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(
-        ~visible, torch.finfo(dtype).min)[None, None]  # additive: works for sdpa and eager
+        ~visible, torch.finfo(dtype).min
+    )[None, None]  # additive: works for sdpa and eager
     packed = len(ids) - len(head)
     keep = packed + (1 if head else 0)  # the prefix's last position predicts each first token
-    out = model(input_ids=torch.tensor([ids], device=device), attention_mask=mask,
-                position_ids=torch.tensor([positions], device=device),
-                **with_kv_cache(cached.cache() if cached is not None else None),
-                use_cache=cached is not None, logits_to_keep=keep)
+    out = model(
+        input_ids=torch.tensor([ids], device=device),
+        attention_mask=mask,
+        position_ids=torch.tensor([positions], device=device),
+        **with_kv_cache(cached.cache() if cached is not None else None),
+        use_cache=cached is not None,
+        logits_to_keep=keep,
+    )
     logits = out.logits[0]
     if head:
         before, logits = logits[:1], logits[1:]
@@ -145,7 +173,7 @@ def _packed_logprobs(model: torch.nn.Module, head: list[int], suffixes: list[lis
         before = cached.last_logits if cached is not None else None
     predictors, targets, lengths, at = [], [], [], 0
     for suffix, start in zip(suffixes, starts):
-        rows = logits[at + max(start - 1, 0): at + max(len(suffix) - 1, 0)]
+        rows = logits[at + max(start - 1, 0) : at + max(len(suffix) - 1, 0)]
         if start == 0 and suffix:
             if before is None:
                 raise ValueError("a first token cannot be scored without a prefix")

@@ -54,7 +54,8 @@ def check_logger(cfg: DictConfig) -> None:
     if cfg.logger.name == "wandb" and cfg.logger.mode == "online" and not has_wandb_credentials():
         raise ConfigError(
             "logger.mode=online: no W&B credentials found (WANDB_API_KEY or `wandb login`); "
-            "log in, or use logger.mode=offline and `wandb sync` the run later")
+            "log in, or use logger.mode=offline and `wandb sync` the run later"
+        )
 
 
 def tags(cfg: DictConfig) -> list[str]:
@@ -101,10 +102,17 @@ def job_run(cfg: DictConfig, out: Path | None) -> Iterator[Any]:
     sweep, name = job_identity()
     config = config_dict(cfg)
     config["logger"]["group"] = group = cfg.logger.group or sweep  # the group the run is in
-    run = wandb.init(project=cfg.logger.project, group=group, name=name, job_type=cfg.mode,
-                     tags=tags(cfg), config=config, mode=cfg.logger.mode,
-                     dir=str(out) if out is not None else None,
-                     settings=wandb.Settings(silent=True))  # its banner and exit dump: our line below
+    run = wandb.init(
+        project=cfg.logger.project,
+        group=group,
+        name=name,
+        job_type=cfg.mode,
+        tags=tags(cfg),
+        config=config,
+        mode=cfg.logger.mode,
+        dir=str(out) if out is not None else None,
+        settings=wandb.Settings(silent=True),
+    )  # its banner and exit dump: our line below
     log.info("W&B run %s (%s): %s", run.id, cfg.logger.mode, run.dir)
     try:
         yield run
@@ -129,8 +137,17 @@ def results_summary(result: Mapping[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for record in records:
         name = Path(str(record.get("path", "results"))).stem
-        for field in ("metric", "mean", "std", "scores", "validity", "truncated", "adapter",
-                      "decoding", "examples_per_second"):
+        for field in (
+            "metric",
+            "mean",
+            "std",
+            "scores",
+            "validity",
+            "truncated",
+            "adapter",
+            "decoding",
+            "examples_per_second",
+        ):
             if field in record:
                 summary[f"{name}/{field}"] = record[field]
     return summary
@@ -160,8 +177,11 @@ def predictions_table(results_path: Path) -> tuple[str, Any] | None:
 
 def table_cell(value: Any) -> Any:
     """A W&B table cell: numbers, text and booleans as they are, anything else as JSON."""
-    return value if value is None or isinstance(value, (str, int, float, bool)) else \
-        json.dumps(value, ensure_ascii=False)
+    return (
+        value
+        if value is None or isinstance(value, (str, int, float, bool))
+        else json.dumps(value, ensure_ascii=False)
+    )
 
 
 def log_results(run: Any, result: object) -> None:
@@ -170,6 +190,9 @@ def log_results(run: Any, result: object) -> None:
     if run is None or not isinstance(result, Mapping):
         return
     run.summary.update(results_summary(result))
-    tables = [predictions_table(Path(record["path"])) for record in results_records(result)
-              if record.get("path")]
+    tables = [
+        predictions_table(Path(record["path"]))
+        for record in results_records(result)
+        if record.get("path")
+    ]
     run.log(dict(table for table in tables if table is not None))

@@ -38,8 +38,9 @@ from grammarrl.tracking import current_run, table_cell
 log = logging.getLogger(__name__)
 
 
-def resolve_sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any,
-                   resume: Resume | None = None) -> tuple[float, float]:
+def resolve_sigmas(
+    cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any, resume: Resume | None = None
+) -> tuple[float, float]:
     """The σ's a resumed checkpoint was trained with (under this run's config: `resolve_resume`
     checked it); else from config, calibration file or paper table; otherwise calibrate now
     and store."""
@@ -48,8 +49,7 @@ def resolve_sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task
     else:
         found = lookup_sigmas(cfg)
     if found is None:
-        log.info("No σ's for %s under this run's settings: calibrating first",
-                 calibration_key(cfg))
+        log.info("No σ's for %s under this run's settings: calibrating first", calibration_key(cfg))
         entry = calibrate(cfg, model, tokenizer, task)
         store_sigmas(cfg, entry)
         found = entry["sigma_direct"], entry["sigma_reverse"], "calibrated now"
@@ -67,9 +67,11 @@ def build_loggers(cfg: DictConfig, out: Path) -> list:
     if run is not None:
         loggers.append(WandbLogger(experiment=run))
     elif cfg.logger.name == "wandb":
-        log.warning("logger=wandb, but no W&B run was started for this job (run_train called "
-                    "outside `python -m grammarrl.run`): metrics go to %s only",
-                    out / "metrics")
+        log.warning(
+            "logger=wandb, but no W&B run was started for this job (run_train called "
+            "outside `python -m grammarrl.run`): metrics go to %s only",
+            out / "metrics",
+        )
     return loggers
 
 
@@ -78,16 +80,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     kill or a full disk mid-write leaves the previous checkpoint intact. (Lightning's own write
     stages the file in the system temp dir and moves it, a plain copy across filesystems.)"""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
-                        storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
         if "://" in str(path):  # remote storage: Lightning's fsspec transaction
             return super().save_checkpoint(checkpoint, path, storage_options)
         try:
             atomic_write(path, lambda handle: torch.save(checkpoint, handle), binary=True)
         except ResultsWriteError as err:
             reason = getattr(err.__cause__, "strerror", None) or err.__cause__
-            raise GrammarRLError(f"cannot write checkpoint {path}: {reason}; "
-                                 "the previous checkpoint there is intact") from err.__cause__
+            raise GrammarRLError(
+                f"cannot write checkpoint {path}: {reason}; the previous checkpoint there is intact"
+            ) from err.__cause__
 
 
 @dataclass(frozen=True)
@@ -118,19 +122,24 @@ def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
     ckpt = read_checkpoint(path)
     step, record = int(ckpt["global_step"]), ckpt.get(RUN_RECORD)
     if record is None:
-        raise ConfigError(f"train.resume={cfg.train.resume}: {path} records no training settings "
-                          "(written by an older GrammarRL), so the resume cannot be checked; "
-                          "train.resume=null starts afresh")
+        raise ConfigError(
+            f"train.resume={cfg.train.resume}: {path} records no training settings "
+            "(written by an older GrammarRL), so the resume cannot be checked; "
+            "train.resume=null starts afresh"
+        )
     old, new = current_names(record["config"]), config_dict(cfg)
     changed = differing_keys(old, new, ignore=(*BOOKKEEPING, *CONTINUABLE))
     if changed:
         raise ConfigError(
             f"train.resume={cfg.train.resume}: {path} was trained with other settings: "
             f"{describe(old, new, changed)}; resume with the same settings, or "
-            "start afresh (train.resume=null, in a new directory)")
+            "start afresh (train.resume=null, in a new directory)"
+        )
     if cfg.trainer.max_steps < step:
-        raise ConfigError(f"trainer.max_steps={cfg.trainer.max_steps} is below the {step} steps "
-                          f"{path} already holds: resume with trainer.max_steps >= {step}")
+        raise ConfigError(
+            f"trainer.max_steps={cfg.trainer.max_steps} is below the {step} steps "
+            f"{path} already holds: resume with trainer.max_steps >= {step}"
+        )
     changes = describe(old, new, differing_keys(old, new))
     return Resume(path, step, tuple(record["sigmas"]), changes)
 
@@ -143,9 +152,12 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         raise ModelError(
             f"checkpoint {path} is corrupt or truncated ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:200] if str(err) else ''}); delete it to start over, "
-            "or pass train.resume=null or another checkpoint") from err
+            "or pass train.resume=null or another checkpoint"
+        ) from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
-        raise ModelError(f"{path} is not a GrammarRL training checkpoint (no state_dict/global_step)")
+        raise ModelError(
+            f"{path} is not a GrammarRL training checkpoint (no state_dict/global_step)"
+        )
     return ckpt
 
 
@@ -175,8 +187,11 @@ def stash_metrics(out: Path, resume_step: int) -> None:
     the steps already done in metrics/metrics.resumed.csv (merged back by `merge_metrics`)."""
     folder = out / "metrics"
     current, kept = folder / "metrics.csv", folder / METRICS_KEPT
-    rows = [r for r in _read_rows(kept) + _read_rows(current)
-            if r.get("step") not in (None, "") and int(float(r["step"])) < resume_step]
+    rows = [
+        r
+        for r in _read_rows(kept) + _read_rows(current)
+        if r.get("step") not in (None, "") and int(float(r["step"])) < resume_step
+    ]
     if rows:
         _write_rows(kept, rows)
     current.unlink(missing_ok=True)
@@ -206,15 +221,22 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
-                                 every_n_train_steps=cfg.train.checkpoint_every_n_steps)
+    checkpoint = ModelCheckpoint(
+        dirpath=out / "checkpoints",
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=cfg.train.checkpoint_every_n_steps,
+    )
     accelerator, devices = trainer_placement(cfg)
     extra = [instantiate(spec) for spec in cfg.callbacks.values()]
     trainer = instantiate(cfg.trainer, _partial_=True)  # the run's objects added as they are
     return trainer(
-        accelerator=accelerator, devices=devices, logger=build_loggers(cfg, out),
+        accelerator=accelerator,
+        devices=devices,
+        logger=build_loggers(cfg, out),
         callbacks=[checkpoint, RecordSettings(cfg), PhaseTimer(), StepProgressBar(), *extra],
-        default_root_dir=str(out), plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(out),
+        plugins=[AtomicCheckpointIO()],
     )
 
 
@@ -227,8 +249,12 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     out = run_dir(cfg)
     resume = resolve_resume(cfg, out)
     if resume is not None:
-        log.info("Resuming from %s (%d steps done)%s", resume.path, resume.step,
-                 f"; changed since: {resume.changes}" if resume.changes else "")
+        log.info(
+            "Resuming from %s (%d steps done)%s",
+            resume.path,
+            resume.step,
+            f"; changed since: {resume.changes}" if resume.changes else "",
+        )
         stash_metrics(out, resume.step)
     task = load_task(cfg)
     task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)  # an empty test pool
@@ -242,8 +268,9 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     if resume is None and cfg.train.val_at_start:
         trainer.validate(module, datamodule=datamodule, verbose=False)  # the curves' step 0
     # Our checkpoints hold RNG and sampler states besides tensors: load them in full.
-    resume_args = ({"ckpt_path": str(resume.path), "weights_only": False}
-                   if resume is not None else {})
+    resume_args = (
+        {"ckpt_path": str(resume.path), "weights_only": False} if resume is not None else {}
+    )
     if "weights_only" not in inspect.signature(trainer.fit).parameters:  # Lightning < 2.5
         resume_args.pop("weights_only", None)
     trainer.fit(module, datamodule=datamodule, **resume_args)
@@ -262,15 +289,20 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     # re-run skips the job), so a crash before it re-runs the evaluations on restart.
     results = {}
     if cfg.train.eval_beam:
-        results["beam"] = evaluate(cfg, policy, tokenizer, task, "beam", out, name="results_beam",
-                                   adapter=adapter)
+        results["beam"] = evaluate(
+            cfg, policy, tokenizer, task, "beam", out, name="results_beam", adapter=adapter
+        )
     if cfg.train.eval_baseline:
         with reference_mode(policy):
-            results["baseline"] = evaluate(cfg, policy, tokenizer, task, "greedy", out,
-                                           name="results_baseline")
-    results = {"greedy": evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results",
-                                  adapter=adapter),
-               **results}
+            results["baseline"] = evaluate(
+                cfg, policy, tokenizer, task, "greedy", out, name="results_baseline"
+            )
+    results = {
+        "greedy": evaluate(
+            cfg, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter
+        ),
+        **results,
+    }
     _print_summary(results)
     summary = write_summary(out, task, results, cfg["lambda"], sigma_direct, sigma_reverse)
     if summary is not None:
@@ -286,13 +318,18 @@ def _save_samples(trainer: L.Trainer, samples: list[dict[str, Any]], out: Path) 
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger) and samples:
             columns = list(samples[0])
-            logger.log_table(key="rollout_samples", columns=columns,
-                             data=[[table_cell(r[c]) for c in columns] for r in samples])
+            logger.log_table(
+                key="rollout_samples",
+                columns=columns,
+                data=[[table_cell(r[c]) for c in columns] for r in samples],
+            )
 
 
 def _print_summary(results: dict[str, dict[str, Any]]) -> None:
     """A short table: each evaluation's metric, mean ± std over test sets, validity."""
     print(f"\n{'run':<10} {'metric':<16} {'mean ± std':<18} validity")
     for name, res in results.items():
-        print(f"{name:<10} {res['metric']:<16} {res['mean']:.4f} ± {res['std']:.4f}    "
-              f"{res['validity']:.3f}")
+        print(
+            f"{name:<10} {res['metric']:<16} {res['mean']:.4f} ± {res['std']:.4f}    "
+            f"{res['validity']:.3f}"
+        )

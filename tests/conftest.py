@@ -44,8 +44,9 @@ def sample_tasks() -> dict:
     """Every built-in task on its bundled samples (`data.dir=null`), by name."""
     from grammarrl.tasks import load_task
 
-    return {name: load_task(compose_config([f"task={name}", "data.dir=null"]))
-            for name in BUILTIN_TASKS}
+    return {
+        name: load_task(compose_config([f"task={name}", "data.dir=null"])) for name in BUILTIN_TASKS
+    }
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +134,8 @@ def _read_wandb_offline(run_dir: Path) -> dict:
         if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pending += data[pos + 7:pos + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a FULL chunk, or the LAST of a FIRST/MIDDLE/LAST sequence
             record = wandb_internal_pb2.Record()
@@ -142,8 +143,9 @@ def _read_wandb_offline(run_dir: Path) -> dict:
             pending = b""
             _collect(record, found)
     tables = Path(run_dir) / "files" / "media" / "table"
-    found["tables"] = {p.name.rsplit("_", 2)[0]: json.loads(p.read_text())
-                       for p in tables.glob("*.table.json")}
+    found["tables"] = {
+        p.name.rsplit("_", 2)[0]: json.loads(p.read_text()) for p in tables.glob("*.table.json")
+    }
     return found
 
 

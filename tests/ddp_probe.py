@@ -25,8 +25,11 @@ class RankProbe(L.Callback):
         self.row: dict[str, Any] = {}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.row = {"step": trainer.global_step, "uids": [ex.uid for ex in batch],
-                    "stream": digest(pl_module.generator.get_state())}
+        self.row = {
+            "step": trainer.global_step,
+            "uids": [ex.uid for ex in batch],
+            "stream": digest(pl_module.generator.get_state()),
+        }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         params = [p for _, p in sorted(pl_module.named_parameters()) if p.requires_grad]

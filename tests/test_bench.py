@@ -23,15 +23,33 @@ def test_verdict_follows_ratio_and_goal_direction():
 
 def test_quick_suite_writes_bench_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["--quick", "--out", str(out), "--only", "grammar_overhead/conll",
-                 "--only", "eval_batching/conll", "--only", "rl_step_prefix_sharing/conll",
-                 "--only", "rl_step_dtype/conll", "--only", "rl_step_floor/conll"])
+    code = main(
+        [
+            "--quick",
+            "--out",
+            str(out),
+            "--only",
+            "grammar_overhead/conll",
+            "--only",
+            "eval_batching/conll",
+            "--only",
+            "rl_step_prefix_sharing/conll",
+            "--only",
+            "rl_step_dtype/conll",
+            "--only",
+            "rl_step_floor/conll",
+        ]
+    )
     assert code == 0
     assert logging.getLogger("grammarrl").isEnabledFor(logging.WARNING)  # later tests read logs
     records = {r["name"]: r for r in json.loads(out.read_text())}
-    assert set(records) == {"grammar_overhead/conll", "eval_batching/conll",
-                            "rl_step_prefix_sharing/conll", "rl_step_dtype/conll",
-                            "rl_step_floor/conll"}
+    assert set(records) == {
+        "grammar_overhead/conll",
+        "eval_batching/conll",
+        "rl_step_prefix_sharing/conll",
+        "rl_step_dtype/conll",
+        "rl_step_floor/conll",
+    }
     for record in records.values():
         assert set(record) == {"name", "ratio", "goal", "holds", "details"}
         assert record["ratio"] > 0
@@ -43,11 +61,13 @@ def test_quick_suite_writes_bench_json(tmp_path, capsys):
     assert all(record["holds"] is None for record in records.values())  # a random model
     overhead = records["grammar_overhead/conll"]
     assert overhead["details"]["generated_tokens"] and all(
-        n >= 1 for n in overhead["details"]["generated_tokens"])
+        n >= 1 for n in overhead["details"]["generated_tokens"]
+    )
     batching = records["eval_batching/conll"]["details"]
     assert batching["differing_outputs"] == 0  # the tiny model has no near-tie arg-max
     assert records["eval_batching/conll"]["goal"] == (
-        f">= {round(0.9 * batching['reachable_ratio'], 3)}")  # 90% of the reachable ratio
+        f">= {round(0.9 * batching['reachable_ratio'], 3)}"
+    )  # 90% of the reachable ratio
     assert 0 < batching["prefill_share"] < 1 and batching["decode_step_growth"]["ratio"] > 0
     sharing = records["rl_step_prefix_sharing/conll"]["details"]
     for variant in ("shared_s", "unshared_s"):
@@ -58,12 +78,16 @@ def test_quick_suite_writes_bench_json(tmp_path, capsys):
     floor = records["rl_step_floor/conll"]["details"]
     assert set(floor["step_s"]) == set(floor["floor_s"]) == set(PHASES)
     assert floor["floor_s"]["step"] == pytest.approx(
-        sum(floor["floor_s"][p] for p in PHASES if p != "step"), abs=1e-3)
+        sum(floor["floor_s"][p] for p in PHASES if p != "step"), abs=1e-3
+    )
     assert records["rl_step_floor/conll"]["ratio"] == pytest.approx(
-        floor["step_s"]["step"] / floor["floor_s"]["step"], rel=1e-3)
+        floor["step_s"]["step"] / floor["floor_s"]["step"], rel=1e-3
+    )
     precision = records["rl_step_dtype/conll"]["details"]
     assert set(precision["float32_s"]) == set(PHASES) and precision["auto_dtype"] in (
-        "bfloat16", "float32")
+        "bfloat16",
+        "float32",
+    )
 
 
 def test_unknown_benchmark_name_is_a_usage_error(tmp_path):

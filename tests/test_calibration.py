@@ -33,7 +33,11 @@ def test_within_group_std_leaves_out_empty_candidates():
 
 
 def test_paper_table_for_llama_and_none_for_smollm2(tmp_path):
-    assert lookup_sigmas(_cfg(tmp_path, "task=gloss", "model=1b")) == (1.1378, 0.9731, "paper table")
+    assert lookup_sigmas(_cfg(tmp_path, "task=gloss", "model=1b")) == (
+        1.1378,
+        0.9731,
+        "paper table",
+    )
     got = lookup_sigmas(_cfg(tmp_path, "task=conll", "model=1b", "rollout.beam_width=10"))
     assert got[:2] == (0.8378, 0.2745)
     assert lookup_sigmas(_cfg(tmp_path, "model=smollm2")) is None
@@ -42,14 +46,19 @@ def test_paper_table_for_llama_and_none_for_smollm2(tmp_path):
 
 def test_calibration_file_replaces_paper_and_config_wins(tmp_path):
     cfg = _cfg(tmp_path, "task=wos", "model=1b")
-    path = store_sigmas(cfg, {"sigma_direct": 0.4, "sigma_reverse": 0.03,
-                              **calibration_conditions(cfg)})
-    store_sigmas(_cfg(tmp_path, "task=conll", "model=1b"), {"sigma_direct": 0.9, "sigma_reverse": 0.2})
+    path = store_sigmas(
+        cfg, {"sigma_direct": 0.4, "sigma_reverse": 0.03, **calibration_conditions(cfg)}
+    )
+    store_sigmas(
+        _cfg(tmp_path, "task=conll", "model=1b"), {"sigma_direct": 0.9, "sigma_reverse": 0.2}
+    )
     assert set(json.loads(path.read_text())) == {"wos/1b/n3_b3", "conll/1b/n3_b3"}
     assert lookup_sigmas(cfg)[:2] == (0.4, 0.03)
     other_data = _cfg(tmp_path, "task=wos", "model=1b", "data.dir=/elsewhere")
     assert lookup_sigmas(other_data)[2] == "paper table"  # measured on other data: not reused
-    explicit = _cfg(tmp_path, "task=wos", "model=1b", "reward.sigma_direct=2", "reward.sigma_reverse=3")
+    explicit = _cfg(
+        tmp_path, "task=wos", "model=1b", "reward.sigma_direct=2", "reward.sigma_reverse=3"
+    )
     assert lookup_sigmas(explicit) == (2.0, 3.0, "config")
 
 
@@ -57,7 +66,9 @@ def test_sigmas_measured_with_other_prompts_are_not_reused(tmp_path, caplog):
     cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
     store_sigmas(cfg, {"sigma_direct": 0.6, "sigma_reverse": 0.1, **calibration_conditions(cfg)})
     assert lookup_sigmas(cfg)[:2] == (0.6, 0.1)
-    assert lookup_sigmas(_cfg(tmp_path, "task=conll", "model=smollm2", "task.num_fewshot=3")) is None
+    assert (
+        lookup_sigmas(_cfg(tmp_path, "task=conll", "model=smollm2", "task.num_fewshot=3")) is None
+    )
     assert "num_fewshot=10 (this run: 3)" in caplog.text
     assert lookup_sigmas(_cfg(tmp_path, "task=conll", "model=smollm2", "task.num_hints=5")) is None
     legacy = {"sigma_direct": 0.6, "sigma_reverse": 0.1, "data_dir": cfg.data.dir}
@@ -68,16 +79,21 @@ def test_sigmas_measured_with_other_prompts_are_not_reused(tmp_path, caplog):
 
 def test_entries_are_keyed_by_dev_size_and_kept_side_by_side(tmp_path, caplog):
     small = _cfg(tmp_path, "task=conll", "model=smollm2", "task.dev_size=16")
-    store_sigmas(small, {"sigma_direct": 0.6, "sigma_reverse": 0.1, **calibration_conditions(small)})
+    store_sigmas(
+        small, {"sigma_direct": 0.6, "sigma_reverse": 0.1, **calibration_conditions(small)}
+    )
     assert lookup_sigmas(_cfg(tmp_path, "task=conll", "model=smollm2", "task.dev_size=100")) is None
     assert "dev_size=16 (this run: 100)" in caplog.text
-    short = _cfg(tmp_path, "task=conll", "model=smollm2", "task.dev_size=16",
-                 "task.max_new_tokens=32")
-    path = store_sigmas(short, {"sigma_direct": 0.7, "sigma_reverse": 0.2,
-                                **calibration_conditions(short)})
+    short = _cfg(
+        tmp_path, "task=conll", "model=smollm2", "task.dev_size=16", "task.max_new_tokens=32"
+    )
+    path = store_sigmas(
+        short, {"sigma_direct": 0.7, "sigma_reverse": 0.2, **calibration_conditions(short)}
+    )
     assert lookup_sigmas(small)[:2] == (0.6, 0.1) and lookup_sigmas(short)[:2] == (0.7, 0.2)
-    store_sigmas(small, {"sigma_direct": 0.65, "sigma_reverse": 0.15,
-                         **calibration_conditions(small)})  # measured again: replaces its own
+    store_sigmas(
+        small, {"sigma_direct": 0.65, "sigma_reverse": 0.15, **calibration_conditions(small)}
+    )  # measured again: replaces its own
     assert lookup_sigmas(small)[:2] == (0.65, 0.15)
     assert len(json.loads(path.read_text())["conll/smollm2/n3_b3"]) == 2
 
@@ -89,14 +105,24 @@ def test_calibration_log_states_the_real_number_of_inputs(tiny, tmp_path, caplog
     from grammarrl.tasks import load_task
 
     model, tok = tiny
-    cfg = _cfg(tmp_path, "model=tiny", "task=conll", "data.dir=null", "task.dev_size=100",
-               "task.max_new_tokens=8", "rollout.num_samples=2", "rollout.beam_width=1")
+    cfg = _cfg(
+        tmp_path,
+        "model=tiny",
+        "task=conll",
+        "data.dir=null",
+        "task.dev_size=100",
+        "task.max_new_tokens=8",
+        "rollout.num_samples=2",
+        "rollout.beam_width=1",
+    )
     task = load_task(cfg)
     held = len(task.splits().dev)
     with caplog.at_level(logging.INFO):
         entry = calibrate(cfg, model, tok, task)
-    assert (f"calibrating conll/tiny/n2_b1 on {held} dev inputs (task.dev_size=100; the dev "
-            f"split holds {held})") in caplog.text
+    assert (
+        f"calibrating conll/tiny/n2_b1 on {held} dev inputs (task.dev_size=100; the dev "
+        f"split holds {held})"
+    ) in caplog.text
     assert held < 100 and entry["num_inputs"] == held and entry["dev_size"] == 100
 
 

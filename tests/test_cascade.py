@@ -1,7 +1,6 @@
 """Cascade decoding (the prompt KV kept once per prompt, `grammarrl/decoding/cascade.py`) against
 the copied-rows layout and brute force, on the `tiny` model and a grouped-query variant of it."""
 
-
 from __future__ import annotations
 
 import numpy as np
@@ -31,10 +30,19 @@ def gqa_model(tok):
     SmolLM2 (9 over 3)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=8192, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(1)
         return LlamaForCausalLM(config).eval()
@@ -66,14 +74,22 @@ def test_cascade_attention_equals_attention_over_the_concatenated_kv(exact_fp32,
     gen = torch.Generator().manual_seed(0)
     kv_heads, group, dim, layers = 2, 3, 16, 2
     lengths = [7, 12, 5]
-    prompt_kv = [[(torch.randn(1, kv_heads, n, dim, generator=gen),
-                   torch.randn(1, kv_heads, n, dim, generator=gen)) for _ in range(layers)]
-                 for n in lengths]
+    prompt_kv = [
+        [
+            (
+                torch.randn(1, kv_heads, n, dim, generator=gen),
+                torch.randn(1, kv_heads, n, dim, generator=gen),
+            )
+            for _ in range(layers)
+        ]
+        for n in lengths
+    ]
     cache = SharedPromptCache(prompt_kv, capacity=2)
     row_prompts = [2, 0, 1, 0, 2, 1]
     cache.select(row_prompts)
     history: list[list[list[tuple[torch.Tensor, torch.Tensor]]]] = [
-        [[] for _ in range(layers)] for _ in row_prompts]  # per row, per layer: (k, v) per step
+        [[] for _ in range(layers)] for _ in row_prompts
+    ]  # per row, per layer: (k, v) per step
     scale = dim**-0.5
     steps = [None, [1, 1, 0, 3, 4, 2], None, [0, 2, 4], [2, 2, 0, 1], None]
     for step, sources in enumerate(steps):
@@ -122,13 +138,38 @@ def modes(prompts):
     return [
         ("greedy", lambda d: d.greedy(prompts)),
         ("beam", lambda d: [g for r in d.beam(prompts, 3) for g in r.finished + [r.top]]),
-        ("sample", lambda d: [g for grp in d.sample(
-            prompts, 4, temperature=0.7, generator=torch.Generator().manual_seed(3)) for g in grp]),
-        ("rollout", lambda d: [g for grp in d.rollout(
-            prompts, 3, 3, generator=torch.Generator().manual_seed(4)) for g in grp]),
-        ("smc", lambda d: [g for ps in smc(
-            d, prompts, 6, generator=torch.Generator().manual_seed(5),
-            resample_generator=torch.Generator().manual_seed(6)) for g in ps.generations]),
+        (
+            "sample",
+            lambda d: [
+                g
+                for grp in d.sample(
+                    prompts, 4, temperature=0.7, generator=torch.Generator().manual_seed(3)
+                )
+                for g in grp
+            ],
+        ),
+        (
+            "rollout",
+            lambda d: [
+                g
+                for grp in d.rollout(prompts, 3, 3, generator=torch.Generator().manual_seed(4))
+                for g in grp
+            ],
+        ),
+        (
+            "smc",
+            lambda d: [
+                g
+                for ps in smc(
+                    d,
+                    prompts,
+                    6,
+                    generator=torch.Generator().manual_seed(5),
+                    resample_generator=torch.Generator().manual_seed(6),
+                )
+                for g in ps.generations
+            ],
+        ),
     ]
 
 
@@ -202,8 +243,9 @@ def test_gqa_greedy_equals_brute_force(gqa_model, tok, prompts):
 def test_row_buffers_grow_past_their_first_capacity(model, tok, prompts, monkeypatch):
     """Rows that outgrow the first allocation of their generated KV keep exact records."""
     real_init = SharedPromptCache.__init__
-    monkeypatch.setattr(SharedPromptCache, "__init__",
-                        lambda self, kv, capacity=32: real_init(self, kv, capacity=3))
+    monkeypatch.setattr(
+        SharedPromptCache, "__init__", lambda self, kv, capacity=32: real_init(self, kv, capacity=3)
+    )
     dec = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=14)
     copied = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=14, cascade=False)
     a = dec.rollout(prompts, 2, 2, generator=torch.Generator().manual_seed(2))
@@ -217,10 +259,19 @@ def test_unsupported_attention_falls_back_to_copied_rows(tok, prompts):
     per row instead (same outputs as asking for that layout), and cascade=True says why."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                           sliding_window=8, max_position_embeddings=4096,
-                           bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        sliding_window=8,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         mistral = MistralForCausalLM(config).eval()
@@ -228,8 +279,10 @@ def test_unsupported_attention_falls_back_to_copied_rows(tok, prompts):
     auto = ConstrainedDecoder(mistral, tok, JSON_GRAMMAR, max_new_tokens=10)
     copied = ConstrainedDecoder(mistral, tok, JSON_GRAMMAR, max_new_tokens=10, cascade=False)
     gen = lambda: torch.Generator().manual_seed(0)
-    assert ([ids(g) for g in auto.rollout(prompts, 2, 2, generator=gen())]
-            == [ids(g) for g in copied.rollout(prompts, 2, 2, generator=gen())])
+    assert [ids(g) for g in auto.rollout(prompts, 2, 2, generator=gen())] == [
+        ids(g) for g in copied.rollout(prompts, 2, 2, generator=gen())
+    ]
     with pytest.raises(ValueError, match="cascade"):
         ConstrainedDecoder(mistral, tok, JSON_GRAMMAR, max_new_tokens=10, cascade=True).greedy(
-            prompts[:1])
+            prompts[:1]
+        )

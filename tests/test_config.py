@@ -79,7 +79,11 @@ def test_model_ids():
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "grammarrl.run", *args],
-        check=False, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -135,13 +139,17 @@ def test_bad_values_are_refused_before_any_model_loads(overrides, key, tmp_path,
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["--cfg", "job", "+optim.maxsteps=1"],
-         "optim.maxsteps: unknown config key (did you mean task.max_steps or trainer.max_steps?)"),
+        (
+            ["--cfg", "job", "+optim.maxsteps=1"],
+            "optim.maxsteps: unknown config key (did you mean task.max_steps or trainer.max_steps?)",
+        ),
         (["optim.max_steps=2"], "optim.max_steps: this key is now trainer.max_steps"),
         (["+nonsense=1"], "nonsense: unknown config key (no known key is close"),
         (["+lamda=0.3"], "lamda: unknown config key (did you mean lambda?)"),
-        (["mode=search", "search.adapter=/x"],
-         "search.adapter: unknown config key (did you mean eval.adapter?)"),
+        (
+            ["mode=search", "search.adapter=/x"],
+            "search.adapter: unknown config key (did you mean eval.adapter?)",
+        ),
         (["logger.mode=loud"], "logger.mode='loud' is invalid: expected one of offline, online"),
     ],
 )

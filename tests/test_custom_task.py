@@ -37,8 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CATEGORIES = ["billing", "shipping", "technical"]
 SCHEMA = {
     "type": "object",
-    "properties": {"category": {"enum": CATEGORIES}, "urgent": {"type": "boolean"},
-                   "items": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "properties": {
+        "category": {"enum": CATEGORIES},
+        "urgent": {"type": "boolean"},
+        "items": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
     "required": ["category", "urgent", "items"],
 }
 REGEX = r"[A-C][0-9]{2}"
@@ -57,8 +60,13 @@ def ticket(i: int) -> dict:
 
 def rows(n: int, labelled: int, gold=ticket) -> list[dict]:
     """n rows `{"text": ...}`, the first `labelled` of them with a gold output `label`."""
-    return [{"text": f"message number {i} about order {1000 + i}",
-             **({"label": gold(i)} if i < labelled else {})} for i in range(n)]
+    return [
+        {
+            "text": f"message number {i} about order {1000 + i}",
+            **({"label": gold(i)} if i < labelled else {}),
+        }
+        for i in range(n)
+    ]
 
 
 def spec_file(tmp_path: Path, **keys) -> Path:
@@ -68,9 +76,16 @@ def spec_file(tmp_path: Path, **keys) -> Path:
         write_jsonl(tmp_path / "train.jsonl", rows(40, 20))
     if not (tmp_path / "dev.jsonl").exists():
         write_jsonl(tmp_path / "dev.jsonl", [{"text": f"dev message {i}"} for i in range(4)])
-    values = {"name": "tickets", "train": "train.jsonl", "dev": "dev.jsonl",
-              "input_field": "text", "output_field": "label", "json_schema": SCHEMA,
-              "instruction": "Read the support message and fill in the ticket.", **keys}
+    values = {
+        "name": "tickets",
+        "train": "train.jsonl",
+        "dev": "dev.jsonl",
+        "input_field": "text",
+        "output_field": "label",
+        "json_schema": SCHEMA,
+        "instruction": "Read the support message and fill in the ticket.",
+        **keys,
+    }
     values = {k: v for k, v in values.items() if v is not None}
     path = tmp_path / "task.yaml"
     path.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
@@ -93,9 +108,12 @@ def task_of(spec: Path, *overrides: str) -> CustomTask:
 
 
 def label_for(kind: str):
-    return {"json_schema": ticket, "regex": lambda i: f"B{i:02d}",
-            "lark": lambda i: ["yes", "no maybe"][i % 2],
-            "choices": lambda i: CATEGORIES[i % 3]}[kind]
+    return {
+        "json_schema": ticket,
+        "regex": lambda i: f"B{i:02d}",
+        "lark": lambda i: ["yes", "no maybe"][i % 2],
+        "choices": lambda i: CATEGORIES[i % 3],
+    }[kind]
 
 
 def independent_check(kind: str, text: str) -> None:
@@ -122,24 +140,32 @@ def test_each_constraint_compiles_and_constrains_decoding(tmp_path, tiny, kind):
     keys = dict.fromkeys(("json_schema", "regex", "lark", "choices"))
     keys[kind] = constraint[kind]
     task = task_of(spec_file(tmp_path, **keys, num_fewshot=2))
-    assert task.gold_rejected == (0, 20 if kind in ("json_schema", "regex") else
-                                  {"lark": 2, "choices": 3}[kind])
+    assert task.gold_rejected == (
+        0,
+        20 if kind in ("json_schema", "regex") else {"lark": 2, "choices": 3}[kind],
+    )
     examples = task.test_sets(1, 3, 0)[0]
     prompts = [encode_prompt(tok, task.forward_messages(ex)) for ex in examples]
     biased = EndBias(model, end_of_turn_id(tok), bias=6.0)
     decoder = ConstrainedDecoder(biased, tok, task.grammar(), max_new_tokens=40)
-    groups = decoder.rollout(prompts, num_samples=16, beam_width=2,
-                             generator=torch.Generator().manual_seed(0))
+    groups = decoder.rollout(
+        prompts, num_samples=16, beam_width=2, generator=torch.Generator().manual_seed(0)
+    )
     gens = [g for group in groups for g in group] + decoder.greedy(prompts)
     finished = check_validity(task, tok, gens, 40)
     assert finished >= 0.8 * len(gens)
     for gen in gens:
         if gen.finished:
             independent_check(kind, gen.text)
-    for text in {"json_schema": ['{"category":"billing","urgent":true,"items":1}',
-                                 '{"category": "refund", "urgent": true, "items": 1}'],
-                 "regex": ["B1", "D12"], "lark": ["yes no no", "yes "],
-                 "choices": ["bill", "billing "]}[kind]:
+    for text in {
+        "json_schema": [
+            '{"category":"billing","urgent":true,"items":1}',
+            '{"category": "refund", "urgent": true, "items": 1}',
+        ],
+        "regex": ["B1", "D12"],
+        "lark": ["yes no no", "yes "],
+        "choices": ["bill", "billing "],
+    }[kind]:
         with pytest.raises(ValueError):
             task.parse(text)
 
@@ -160,8 +186,10 @@ def test_pydantic_model_schema(tmp_path, tiny):
         items: int = Field(ge=0, le=9)
 
     model, tok = tiny
-    write_jsonl(tmp_path / "train.jsonl",
-                rows(40, 20, lambda i: {"urgent": True, "category": "billing", "items": 2}))
+    write_jsonl(
+        tmp_path / "train.jsonl",
+        rows(40, 20, lambda i: {"urgent": True, "category": "billing", "items": 2}),
+    )
     task = task_of(spec_file(tmp_path, json_schema=json_schema_of(Ticket)))
     assert task.gold_rejected == (0, 1)
     assert task.splits().fewshot[0].target == '{"category": "billing", "urgent": true, "items": 2}'
@@ -178,30 +206,55 @@ def test_pydantic_model_schema(tmp_path, tiny):
 # ---------------------------------------------------------------------- bad specifications
 
 
-@pytest.mark.parametrize("keys, message", [
-    ({"json_schema": None}, r"task\.json_schema, task\.regex, task\.lark, task\.choices: .*none"),
-    ({"regex": "[0-9]+"}, r"^task\.json_schema, task\.regex: .*several are set"),
-    ({"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
-     r"^task\.json_schema: llguidance cannot compile it: .*Invalid type: strin"),
-    ({"json_schema": "missing.json"}, r"^task\.json_schema=.*missing\.json: no such file"),
-    ({"json_schema": None, "regex": "[0-9"},
-     r"^task\.regex: llguidance cannot compile it: invalid regex .* unclosed character class$"),
-    ({"json_schema": None, "lark": "start: foo\n"},
-     r"^task\.lark: llguidance cannot compile it: at 1\(8\): unknown name: \"foo\"$"),
-    ({"json_schema": None, "lark": "grammar.lark"}, r"^task\.lark=.*grammar\.lark: no such file"),
-    ({"json_schema": None, "choices": []}, r"^task\.choices=\[\] is invalid"),
-    ({"json_schema": None, "choices": ["a", 3]}, r"^task\.choices=.*expected a list of non-empty"),
-    ({"train": "nowhere.jsonl"}, r"^task\.train=.*nowhere\.jsonl: no such file"),
-    ({"dev": "dev.txt"}, r"^task\.dev=.*dev\.txt: no such file"),
-    ({"instruction": None}, r"^task\.instruction is required"),
-    ({"metric": "f1"}, r"^task\.metric='f1' is invalid"),
-    ({"json_schema": None, "regex": "a", "metric": "json_fields_f1"},
-     r"^task\.metric=json_fields_f1 .* needs task\.json_schema, not task\.regex"),
-    ({"name": "conll"}, r"^task\.name='conll' is invalid for a custom task"),
-    ({"num_hints": 5}, r"^task\.num_hints=5: hints are not supported"),
-    ({"inptu_field": "text"}, (r"^task\.spec=.*task\.yaml: task\.inptu_field: unknown config "
-                               r"key \(did you mean task\.input_field")),
-])
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        (
+            {"json_schema": None},
+            r"task\.json_schema, task\.regex, task\.lark, task\.choices: .*none",
+        ),
+        ({"regex": "[0-9]+"}, r"^task\.json_schema, task\.regex: .*several are set"),
+        (
+            {"json_schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+            r"^task\.json_schema: llguidance cannot compile it: .*Invalid type: strin",
+        ),
+        ({"json_schema": "missing.json"}, r"^task\.json_schema=.*missing\.json: no such file"),
+        (
+            {"json_schema": None, "regex": "[0-9"},
+            r"^task\.regex: llguidance cannot compile it: invalid regex .* unclosed character class$",
+        ),
+        (
+            {"json_schema": None, "lark": "start: foo\n"},
+            r"^task\.lark: llguidance cannot compile it: at 1\(8\): unknown name: \"foo\"$",
+        ),
+        (
+            {"json_schema": None, "lark": "grammar.lark"},
+            r"^task\.lark=.*grammar\.lark: no such file",
+        ),
+        ({"json_schema": None, "choices": []}, r"^task\.choices=\[\] is invalid"),
+        (
+            {"json_schema": None, "choices": ["a", 3]},
+            r"^task\.choices=.*expected a list of non-empty",
+        ),
+        ({"train": "nowhere.jsonl"}, r"^task\.train=.*nowhere\.jsonl: no such file"),
+        ({"dev": "dev.txt"}, r"^task\.dev=.*dev\.txt: no such file"),
+        ({"instruction": None}, r"^task\.instruction is required"),
+        ({"metric": "f1"}, r"^task\.metric='f1' is invalid"),
+        (
+            {"json_schema": None, "regex": "a", "metric": "json_fields_f1"},
+            r"^task\.metric=json_fields_f1 .* needs task\.json_schema, not task\.regex",
+        ),
+        ({"name": "conll"}, r"^task\.name='conll' is invalid for a custom task"),
+        ({"num_hints": 5}, r"^task\.num_hints=5: hints are not supported"),
+        (
+            {"inptu_field": "text"},
+            (
+                r"^task\.spec=.*task\.yaml: task\.inptu_field: unknown config "
+                r"key \(did you mean task\.input_field"
+            ),
+        ),
+    ],
+)
 def test_bad_specification_names_the_key(tmp_path, keys, message):
     cfg = config(spec_file(tmp_path, **keys))
     with pytest.raises(ConfigError, match=message):
@@ -226,23 +279,44 @@ def test_cli_refuses_a_bad_spec_in_one_line(tmp_path):
     spec = spec_file(tmp_path, regex="[0-9]+")
     proc = subprocess.run(
         [sys.executable, "-m", "grammarrl.run", "task=custom", f"task.spec={spec}", "model=tiny"],
-        check=False, capture_output=True, text=True, cwd=tmp_path, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        ("error: task.json_schema, task.regex: a custom task needs exactly one output constraint "
-         "(several are set: keep one)")]
+        (
+            "error: task.json_schema, task.regex: a custom task needs exactly one output constraint "
+            "(several are set: keep one)"
+        )
+    ]
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"text": "a"}\n{"txt": "b"}\n', (r"train\.jsonl:2: no 'text' \(task\.input_field\) in "
-                                       r"this row \(fields: txt\)")),
-    ('{"text": "a"}\n\n{"text": ""}\n', r"train\.jsonl:3: no 'text'"),
-    ('{"text": "a"}\n{"text": "b",\n', r"train\.jsonl:2: not a JSON object"),
-    ('{"text": "a", "label": "{not json"}\n', (r"train\.jsonl:1: 'label' "
-                                               r"\(task\.output_field\) is not JSON")),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            '{"text": "a"}\n{"txt": "b"}\n',
+            (
+                r"train\.jsonl:2: no 'text' \(task\.input_field\) in "
+                r"this row \(fields: txt\)"
+            ),
+        ),
+        ('{"text": "a"}\n\n{"text": ""}\n', r"train\.jsonl:3: no 'text'"),
+        ('{"text": "a"}\n{"text": "b",\n', r"train\.jsonl:2: not a JSON object"),
+        (
+            '{"text": "a", "label": "{not json"}\n',
+            (
+                r"train\.jsonl:1: 'label' "
+                r"\(task\.output_field\) is not JSON"
+            ),
+        ),
+    ],
+)
 def test_bad_rows_stop_with_file_and_line(tmp_path, content, message):
     spec = spec_file(tmp_path)
     (tmp_path / "train.jsonl").write_text(content)
@@ -274,13 +348,17 @@ def test_gold_outputs_the_grammar_rejects_are_counted_and_warned(tmp_path, caplo
 
 def test_csv_and_tsv_rows_with_their_lines(tmp_path):
     (tmp_path / "train.csv").write_text(
-        'text,label\n"first, with a comma",B01\n"a message\nover two lines",C02\nthird,\n')
-    task = task_of(spec_file(tmp_path, train="train.csv", json_schema=None, regex=REGEX,
-                             num_fewshot=1))
+        'text,label\n"first, with a comma",B01\n"a message\nover two lines",C02\nthird,\n'
+    )
+    task = task_of(
+        spec_file(tmp_path, train="train.csv", json_schema=None, regex=REGEX, num_fewshot=1)
+    )
     train = task.examples["train"]
     assert [(ex.uid.rsplit(":", 1)[1], ex.input, ex.target) for ex in train] == [
-        ("2", "first, with a comma", "B01"), ("3", "a message over two lines", "C02"),
-        ("5", "third", "")]
+        ("2", "first, with a comma", "B01"),
+        ("3", "a message over two lines", "C02"),
+        ("5", "third", ""),
+    ]
     (tmp_path / "bad.tsv").write_text("text\tlabel\nok\tA01\n\tA02\n")
     with pytest.raises(DataError, match=r"bad\.tsv:3: no 'text'"):
         task_of(spec_file(tmp_path, train="bad.tsv", json_schema=None, regex=REGEX))
@@ -293,10 +371,19 @@ def test_one_file_split(tmp_path):
     spec = spec_file(tmp_path, dev=None, num_fewshot=2, dev_size=3)
     task = task_of(spec)
     s = task.splits()
-    inputs = {name: [ex.input for ex in part] for name, part in
-              (("train", s.train), ("dev", s.dev), ("fewshot", s.fewshot), ("test", s.test_pool))}
-    assert inputs["fewshot"] == ["message number 0 about order 1000",
-                                 "message number 1 about order 1001"]
+    inputs = {
+        name: [ex.input for ex in part]
+        for name, part in (
+            ("train", s.train),
+            ("dev", s.dev),
+            ("fewshot", s.fewshot),
+            ("test", s.test_pool),
+        )
+    }
+    assert inputs["fewshot"] == [
+        "message number 0 about order 1000",
+        "message number 1 about order 1001",
+    ]
     assert len(s.test_pool) == 19 and all(ex.target for ex in s.test_pool)  # round(0.5 * 38)
     assert len(s.dev) == 3 and len(s.train) == 80 - 2 - 19 - 3
     every = [x for part in inputs.values() for x in part]
@@ -308,8 +395,9 @@ def test_one_file_split(tmp_path):
 
 def test_given_dev_and_test_files(tmp_path):
     """A test file keeps its labelled rows only (when it has some); the dev file is used whole."""
-    write_jsonl(tmp_path / "test.jsonl", [{**row, "text": f"test {row['text']}"}
-                                          for row in rows(6, 4)])
+    write_jsonl(
+        tmp_path / "test.jsonl", [{**row, "text": f"test {row['text']}"} for row in rows(6, 4)]
+    )
     spec = spec_file(tmp_path, test="test.jsonl", num_fewshot=1)
     s = task_of(spec).splits()
     assert len(s.test_pool) == 4 and len(s.dev) == 4 and len(s.train) == 39
@@ -336,24 +424,37 @@ def test_spec_values_merge_under_the_command_line(tmp_path):
 
 def test_prompts_default_reverse_instruction_and_output_format(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", rows(40, 20, label_for("choices")))
-    task = task_of(spec_file(tmp_path, json_schema=None, choices=CATEGORIES, num_fewshot=1,
-                             output_format=""))
+    task = task_of(
+        spec_file(tmp_path, json_schema=None, choices=CATEGORIES, num_fewshot=1, output_format="")
+    )
     demo = task.splits().fewshot[0]
     forward = task.forward_messages(Example("q", "where is my parcel", ""))
     assert forward == [
         {"role": "system", "content": "Read the support message and fill in the ticket."},
-        {"role": "user", "content": demo.input}, {"role": "assistant", "content": demo.target},
-        {"role": "user", "content": "where is my parcel"}]
+        {"role": "user", "content": demo.input},
+        {"role": "assistant", "content": demo.target},
+        {"role": "user", "content": "where is my parcel"},
+    ]
     reverse = task.reverse_messages("shipping")
     assert reverse[0]["content"].startswith("Given the output of the task below, reconstruct")
     assert reverse[0]["content"].endswith("Task: Read the support message and fill in the ticket.")
-    assert reverse[1:] == [{"role": "user", "content": demo.target},
-                           {"role": "assistant", "content": demo.input},
-                           {"role": "user", "content": "shipping"}]
-    task = task_of(spec_file(tmp_path, json_schema=None, choices=CATEGORIES, output_format=None,
-                             reverse_instruction="Write the message."))
-    assert task.system_prompt(demo).endswith("Answer with exactly one of: billing | shipping | "
-                                             "technical")
+    assert reverse[1:] == [
+        {"role": "user", "content": demo.target},
+        {"role": "assistant", "content": demo.input},
+        {"role": "user", "content": "shipping"},
+    ]
+    task = task_of(
+        spec_file(
+            tmp_path,
+            json_schema=None,
+            choices=CATEGORIES,
+            output_format=None,
+            reverse_instruction="Write the message.",
+        )
+    )
+    assert task.system_prompt(demo).endswith(
+        "Answer with exactly one of: billing | shipping | technical"
+    )
     assert task.reverse_messages("x")[0]["content"] == "Write the message."
 
 
@@ -363,8 +464,9 @@ def test_prompts_default_reverse_instruction_and_output_format(tmp_path):
 def test_exact_match_and_accuracy():
     assert exact_match(["a", None, "b"], ["a", "a", "c"]) == [True, False, False]
     # JSON by value: key order does not matter, 1 and true and 1.0 differ
-    assert exact_match([{"a": 1, "b": True}, {"a": True}, {"a": 1.0}],
-                       [{"b": True, "a": 1}, {"a": 1}, {"a": 1}]) == [True, False, False]
+    assert exact_match(
+        [{"a": 1, "b": True}, {"a": True}, {"a": 1.0}], [{"b": True, "a": 1}, {"a": 1}, {"a": 1}]
+    ) == [True, False, False]
 
 
 def scored(tmp_path, kind_keys: dict, metric: str, golds: list[str], predictions: list[str]):
@@ -376,8 +478,13 @@ def scored(tmp_path, kind_keys: dict, metric: str, golds: list[str], predictions
 def test_accuracy_counts_labelled_rows_only(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", rows(40, 20, label_for("choices")))
     keys = {"json_schema": None, "choices": CATEGORIES}
-    result = scored(tmp_path, keys, "auto", ["billing", "shipping", "", "technical"],
-                    ["billing", "technical", "billing", "nonsense"])
+    result = scored(
+        tmp_path,
+        keys,
+        "auto",
+        ["billing", "shipping", "", "technical"],
+        ["billing", "technical", "billing", "nonsense"],
+    )
     assert result.metric == "accuracy" and result.value == pytest.approx(1 / 3)
     assert result.details["labelled"] == 3 and result.validity == pytest.approx(3 / 4)
     assert [e.get("correct") for e in result.per_example] == [True, False, None, False]
@@ -389,20 +496,28 @@ def test_json_fields_f1_by_hand(tmp_path):
     e1: category gold billing, pred shipping: fp + fn; urgent tp; items tp.
     e2: prediction invalid: fn for its 3 filled gold fields.
     tp 4, fp 2, fn 5: P 4/6, R 4/9, F1 2PR/(P+R) = 8/15."""
-    golds = [{"category": "billing", "urgent": False, "items": 0},
-             {"category": "billing", "urgent": True, "items": 2},
-             {"category": "shipping", "urgent": True, "items": 1}]
-    preds = [{"category": "billing", "urgent": False, "items": 3},
-             {"category": "shipping", "urgent": True, "items": 2}]
-    result = scored(tmp_path, {}, "auto", [json.dumps(g) for g in golds],
-                    [json.dumps(p) for p in preds] + ["{"])
+    golds = [
+        {"category": "billing", "urgent": False, "items": 0},
+        {"category": "billing", "urgent": True, "items": 2},
+        {"category": "shipping", "urgent": True, "items": 1},
+    ]
+    preds = [
+        {"category": "billing", "urgent": False, "items": 3},
+        {"category": "shipping", "urgent": True, "items": 2},
+    ]
+    result = scored(
+        tmp_path, {}, "auto", [json.dumps(g) for g in golds], [json.dumps(p) for p in preds] + ["{"]
+    )
     assert result.metric == "json_fields_f1"
     micro = result.details["micro"]
     assert (micro["tp"], micro["fp"], micro["fn"]) == (4, 2, 5)
     assert result.value == pytest.approx(8 / 15)
     assert result.details["items"]["tp"] == 1 and result.details["category"]["fp"] == 1
-    assert [(e["tp"], e["fp"], e["fn"]) for e in result.per_example] == [(2, 1, 1), (2, 1, 1),
-                                                                          (0, 0, 3)]
+    assert [(e["tp"], e["fp"], e["fn"]) for e in result.per_example] == [
+        (2, 1, 1),
+        (2, 1, 1),
+        (0, 0, 3),
+    ]
     counts = json_fields_prf([{"a": None, "b": ""}], [{"a": "", "b": []}])
     assert counts["micro"].tp + counts["micro"].fp + counts["micro"].fn == 0  # empty vs empty
 
@@ -433,14 +548,27 @@ def test_unlabelled_data_trains_and_reports_the_metric_unavailable(tmp_path, mon
     adapter is saved and evaluated; the metric is `exact_match_unavailable`, NaN."""
     from grammarrl.train import run_train
 
-    write_jsonl(tmp_path / "train.jsonl", [{"text": f"ticket {i} for order {i}"} for i in range(40)])
-    spec = spec_file(tmp_path, json_schema=None, regex=REGEX, output_field=None, num_fewshot=0,
-                     name="codes")
-    cfg = config(spec, "logger=none", "trainer.max_steps=2", "optim.batch_size=2",
-                 "task.max_new_tokens=8", "task.dev_size=2", "trainer.val_check_interval=2",
-                 "train.val_size=2", "train.checkpoint_every_n_steps=2",
-                 "eval.num_test_sets=1", "eval.test_size=3", "eval.batch_size=4",
-                 f"reward.calibration_file={tmp_path}/calibration.json")
+    write_jsonl(
+        tmp_path / "train.jsonl", [{"text": f"ticket {i} for order {i}"} for i in range(40)]
+    )
+    spec = spec_file(
+        tmp_path, json_schema=None, regex=REGEX, output_field=None, num_fewshot=0, name="codes"
+    )
+    cfg = config(
+        spec,
+        "logger=none",
+        "trainer.max_steps=2",
+        "optim.batch_size=2",
+        "task.max_new_tokens=8",
+        "task.dev_size=2",
+        "trainer.val_check_interval=2",
+        "train.val_size=2",
+        "train.checkpoint_every_n_steps=2",
+        "eval.num_test_sets=1",
+        "eval.test_size=3",
+        "eval.batch_size=4",
+        f"reward.calibration_file={tmp_path}/calibration.json",
+    )
     validate(cfg)
     monkeypatch.chdir(tmp_path)
     results = run_train(cfg)

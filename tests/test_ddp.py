@@ -17,20 +17,40 @@ from safetensors.torch import load_file
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
-DDP = ["+experiment=tiny_scale", "data.limit_train=null", "trainer.accelerator=cpu",
-       "trainer.devices=2", "trainer.strategy=ddp", "train.val_at_start=false",
-       "trainer.val_check_interval=100", "train.checkpoint_every_n_steps=1",
-       "eval.num_test_sets=1", "eval.test_size=2"]
+DDP = [
+    "+experiment=tiny_scale",
+    "data.limit_train=null",
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "trainer.strategy=ddp",
+    "train.val_at_start=false",
+    "trainer.val_check_interval=100",
+    "train.checkpoint_every_n_steps=1",
+    "eval.num_test_sets=1",
+    "eval.test_size=2",
+]
 
 
 def train(run_dir: Path, probe: Path, steps: int) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
     done = subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", *DDP, f"trainer.max_steps={steps}",
-         f"hydra.run.dir={run_dir}", "+callbacks.probe._target_=tests.ddp_probe.RankProbe",
-         f"+callbacks.probe.out={probe}"],
-        cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-        check=False, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "grammarrl.run",
+            *DDP,
+            f"trainer.max_steps={steps}",
+            f"hydra.run.dir={run_dir}",
+            "+callbacks.probe._target_=tests.ddp_probe.RankProbe",
+            f"+callbacks.probe.out={probe}",
+        ],
+        cwd=ROOT,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
 

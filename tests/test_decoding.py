@@ -379,8 +379,10 @@ def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch, casca
     import grammarrl.decoding.forward as forward_module
 
     grammar = r"start: /[01]{1,3}/"
-    prompts = [encode_prompt(tok, [{"role": "user", "content": m}])
-               for m in ("hi", "What colour is the sky on a clear day, and why? " * 3)]
+    prompts = [
+        encode_prompt(tok, [{"role": "user", "content": m}])
+        for m in ("hi", "What colour is the sky on a clear day, and why? " * 3)
+    ]
     crossings = []
     real_plan = forward_module.plan_cache_update
 
@@ -392,13 +394,18 @@ def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch, casca
     monkeypatch.setattr(forward_module, "plan_cache_update", recording_plan)
     dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=6, cascade=cascade)
     for seed in range(24):
-        groups = dec.rollout(prompts, num_samples=2, beam_width=3,
-                             generator=torch.Generator().manual_seed(seed))
+        groups = dec.rollout(
+            prompts, num_samples=2, beam_width=3, generator=torch.Generator().manual_seed(seed)
+        )
         for prompt, group in zip(prompts, groups):
             for gen in group:
                 lu, lc, _ = teacher_forced(model, tok, grammar, prompt, gen.token_ids)
-                np.testing.assert_allclose(gen.logp_unconstrained, lu, atol=2e-4,
-                                           err_msg=f"seed {seed}, {gen.kind} {gen.token_ids}")
+                np.testing.assert_allclose(
+                    gen.logp_unconstrained,
+                    lu,
+                    atol=2e-4,
+                    err_msg=f"seed {seed}, {gen.kind} {gen.token_ids}",
+                )
                 np.testing.assert_allclose(gen.logp_constrained, lc, atol=2e-4)
     assert crossings, "the batch never shifted rows across prompts: the test lost its point"
 
@@ -416,10 +423,16 @@ def test_output_completed_at_the_cap_is_finished_not_truncated(model, tok, promp
     length = len(free.token_ids) - 1  # without the end token
     cap = length + slack
     dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=cap)
-    gens = (dec.greedy(prompts) + [b.top for b in dec.beam(prompts, 2)]
-            + [s for grp in dec.sample(prompts, 3, generator=torch.Generator().manual_seed(0))
-               for s in grp]
-            + smc(dec, prompts[:1], 3, generator=torch.Generator().manual_seed(0))[0].generations)
+    gens = (
+        dec.greedy(prompts)
+        + [b.top for b in dec.beam(prompts, 2)]
+        + [
+            s
+            for grp in dec.sample(prompts, 3, generator=torch.Generator().manual_seed(0))
+            for s in grp
+        ]
+        + smc(dec, prompts[:1], 3, generator=torch.Generator().manual_seed(0))[0].generations
+    )
     assert len(gens) == 3 + 3 + 9 + 3
     for g in gens:
         if slack == 0:
@@ -441,16 +454,22 @@ def test_a_grammar_dead_end_is_an_error_not_a_finished_output(model, tok, prompt
     all, every row is empty and no beam survives."""
     stop = end_of_turn_id(tok)
     nothing = ConstrainedDecoder(model, tok, f"start: A\n{DEAD_END}", max_new_tokens=8)
-    gens = (nothing.greedy(prompts) + [b.top for b in nothing.beam(prompts, 2)]
-            + [s for grp in nothing.sample(prompts, 2) for s in grp])
+    gens = (
+        nothing.greedy(prompts)
+        + [b.top for b in nothing.beam(prompts, 2)]
+        + [s for grp in nothing.sample(prompts, 2) for s in grp]
+    )
     for g in gens:
         assert g.token_ids == [] and not g.finished and not g.truncated and g.error
         assert "\n" not in g.error  # one line, not llguidance's state dump
     assert all(b.finished == [] for b in nothing.beam(prompts, 2))
 
     branch = ConstrainedDecoder(model, tok, f'start: "1" | "2" " " A\n{DEAD_END}', max_new_tokens=8)
-    samples = [s for grp in branch.sample(prompts, 8, generator=torch.Generator().manual_seed(0))
-               for s in grp]
+    samples = [
+        s
+        for grp in branch.sample(prompts, 8, generator=torch.Generator().manual_seed(0))
+        for s in grp
+    ]
     dead = [s for s in samples if s.text.startswith("2")]
     assert dead and all(not s.finished and s.error and stop not in s.token_ids for s in dead)
     assert all(s.finished and s.text == "1" for s in samples if s not in dead)

@@ -56,8 +56,15 @@ def test_mean_std_and_prediction_file_names():
 
 def test_write_results_is_atomic_and_checks_the_schema(tmp_path):
     record = build_results(
-        task="conll", model="tiny", decoding="greedy", metric="micro_f1", scores=[0.1, 0.3],
-        validity=1.0, truncated=0.0, examples_per_second=2.0, config={"a": 1, "hydra": {"x": 1}},
+        task="conll",
+        model="tiny",
+        decoding="greedy",
+        metric="micro_f1",
+        scores=[0.1, 0.3],
+        validity=1.0,
+        truncated=0.0,
+        examples_per_second=2.0,
+        config={"a": 1, "hydra": {"x": 1}},
         extra_key="kept",
     )
     assert list(record)[: len(REQUIRED_KEYS) - 1] == list(REQUIRED_KEYS[:-1])
@@ -151,7 +158,11 @@ def test_score_rewards_gives_each_output_its_reference_reward(tiny, task, tmp_pa
     rows = [json.loads(x) for x in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     sets = task.test_sets(2, 4, cfg.seed)
     examples = {ex.uid: ex for s in sets for ex in s}
-    end = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
+    end = (
+        tok.convert_tokens_to_ids("<|im_end|>")
+        if "<|im_end|>" in tok.get_vocab()
+        else tok.eos_token_id
+    )
     for row in rows:
         ex = examples[row["uid"]]
         prompt = encode_prompt(tok, task.forward_messages(ex))
@@ -159,18 +170,23 @@ def test_score_rewards_gives_each_output_its_reference_reward(tiny, task, tmp_pa
         reverse_prompt = encode_prompt(tok, task.reverse_messages(row["prediction"]))
         x_ids = tok.encode(ex.input, add_special_tokens=False)
         with torch.no_grad():
-            direct = sequence_logprobs(model, [prompt + output], [len(prompt)], share_prefix=False)[0]
-            reverse = sequence_logprobs(model, [reverse_prompt + x_ids], [len(reverse_prompt)],
-                                        share_prefix=False)[0]
+            direct = sequence_logprobs(model, [prompt + output], [len(prompt)], share_prefix=False)[
+                0
+            ]
+            reverse = sequence_logprobs(
+                model, [reverse_prompt + x_ids], [len(reverse_prompt)], share_prefix=False
+            )[0]
         if row["finished"] and len(output) == row["num_tokens"]:  # same tokenization as decoded
             assert row["reward_direct"] == pytest.approx(direct.mean().item(), abs=1e-4)
         assert row["reward_reverse"] == pytest.approx(reverse.mean().item(), abs=1e-4)
     for i, per_set in enumerate(res["per_set"]):
         mine = [r for r in rows if r["set"] == i]
         assert per_set["reward_direct"] == pytest.approx(
-            sum(r["reward_direct"] for r in mine) / len(mine))
+            sum(r["reward_direct"] for r in mine) / len(mine)
+        )
         assert per_set["reward_reverse"] == pytest.approx(
-            sum(r["reward_reverse"] for r in mine) / len(mine))
+            sum(r["reward_reverse"] for r in mine) / len(mine)
+        )
 
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
@@ -179,16 +195,23 @@ def test_beam_eval_matches_the_decoder(tiny, task, tmp_path, length_penalty):
     from grammarrl.decoding import ConstrainedDecoder
 
     model, tok = tiny
-    cfg = eval_config("eval.decoding=beam", "eval.beam_width=2", "eval.num_test_sets=1",
-                      f"eval.length_penalty={length_penalty}")
+    cfg = eval_config(
+        "eval.decoding=beam",
+        "eval.beam_width=2",
+        "eval.num_test_sets=1",
+        f"eval.length_penalty={length_penalty}",
+    )
     res = evaluate(cfg, model, tok, task, "beam", tmp_path, name="results_beam", progress=False)
     assert res["decoding"] == "beam" and res["beam_width"] == 2
     assert res["length_penalty"] == length_penalty
     rows = [json.loads(x) for x in (tmp_path / "predictions_beam.jsonl").read_text().splitlines()]
     test_set = task.test_sets(1, 4, cfg.seed)[0]
     dec = ConstrainedDecoder(model, tok, task.grammar(), 48)
-    tops = dec.beam([encode_prompt(tok, task.forward_messages(ex)) for ex in test_set], 2,
-                    length_penalty=length_penalty)
+    tops = dec.beam(
+        [encode_prompt(tok, task.forward_messages(ex)) for ex in test_set],
+        2,
+        length_penalty=length_penalty,
+    )
     assert [r["prediction"] for r in rows] == [t.top.text for t in tops]
 
 

@@ -18,13 +18,24 @@ from tests.support.runs import conll, make_run, md_rows, read_results
 
 # --- the generic sweep table -------------------------------------------------------------------
 
+
 @pytest.fixture
 def sweep_2x2(tmp_path: Path) -> Path:
     root = tmp_path / "sweep"
-    scores = {(0.0, 3): [0.1, 0.3], (0.0, 5): [0.2, 0.2], (1.0, 3): [0.5, 0.7], (1.0, 5): [0.4, 0.41]}
+    scores = {
+        (0.0, 3): [0.1, 0.3],
+        (0.0, 5): [0.2, 0.2],
+        (1.0, 3): [0.5, 0.7],
+        (1.0, 5): [0.4, 0.41],
+    }
     for index, ((lam, b), s) in enumerate(scores.items()):
-        make_run(root, f"{index}_lambda={lam},rollout.beam_width={b}", lam=lam, b=b,
-                 results={"results": s})
+        make_run(
+            root,
+            f"{index}_lambda={lam},rollout.beam_width={b}",
+            lam=lam,
+            b=b,
+            results={"results": s},
+        )
     return root
 
 
@@ -36,8 +47,9 @@ def test_sweep_table_has_one_row_per_run_with_the_results_numbers(sweep_2x2: Pat
     assert list(rows) == ["Configuration", "λ=0 B=3", "λ=0 B=5", "λ=1 B=3", "λ=1 B=5"]
     for run in sorted(sweep_2x2.glob("*_lambda=*")):
         res = read_results(run)
-        label = "λ={} B={}".format(*re.match(r"\d+_lambda=(\d)\.0,rollout.beam_width=(\d)",
-                                             run.name).groups())
+        label = "λ={} B={}".format(
+            *re.match(r"\d+_lambda=(\d)\.0,rollout.beam_width=(\d)", run.name).groups()
+        )
         assert rows[label][0] == f"{res['mean']:.3f} ± {res['std']:.3f}"
     tex = (out / "sweep.tex").read_text()
     assert "\\textbf{0.600 $\\pm$ 0.141}" in tex  # best of the block: λ=1 B=3
@@ -56,7 +68,8 @@ def test_failed_run_is_listed_as_missing_not_dropped(sweep_2x2: Path, capsys):
 
 def test_runs_listing_gives_each_finished_job_its_wall_time(sweep_2x2: Path):
     (sweep_2x2 / "0_lambda=0.0,rollout.beam_width=3" / "timing.json").write_text(
-        json.dumps({"wall_seconds": 150.0}))
+        json.dumps({"wall_seconds": 150.0})
+    )
     make_run(sweep_2x2, "4_lambda=0.5,rollout.beam_width=3", lam=0.5)  # unfinished
     agg.aggregate("sweep", [sweep_2x2])
     rows = md_rows((sweep_2x2 / "aggregate" / "runs.md").read_text())
@@ -84,18 +97,34 @@ def test_cli_writes_into_out_and_prints_the_table(sweep_2x2: Path, tmp_path: Pat
 def test_search_and_adapter_runs_are_labelled_by_what_they_ran(tmp_path: Path):
     root = tmp_path / "mixed"
     make_run(root, "0_greedy", mode="eval", results={"results": [0.2]})
-    make_run(root, "1_trained", mode="eval", results={"results": [0.3]},
-             extra_config={"eval": {"decoding": "greedy", "adapter": "run/adapter"}})
+    make_run(
+        root,
+        "1_trained",
+        mode="eval",
+        results={"results": [0.3]},
+        extra_config={"eval": {"decoding": "greedy", "adapter": "run/adapter"}},
+    )
     for index, (particles, adapter) in enumerate([(10, None), (3, "run/adapter")], start=2):
-        make_run(root, f"{index}_is", mode="search", results={"results": [0.4]},
-                 extra_config={"search": {"method": "is", "particles": particles},
-                               "eval": {"decoding": "greedy", "adapter": adapter}})
+        make_run(
+            root,
+            f"{index}_is",
+            mode="search",
+            results={"results": [0.4]},
+            extra_config={
+                "search": {"method": "is", "particles": particles},
+                "eval": {"decoding": "greedy", "adapter": adapter},
+            },
+        )
     agg.aggregate("sweep", [root])
     labels = list(md_rows((root / "aggregate" / "sweep.md").read_text()))[1:]
-    assert sorted(labels) == sorted([
-        "system=baseline adapter=frozen", "system=grammarrl adapter=trained",
-        "system=search/is search=is(10) adapter=frozen",
-        "system=search/is search=is(3) adapter=trained"])
+    assert sorted(labels) == sorted(
+        [
+            "system=baseline adapter=frozen",
+            "system=grammarrl adapter=trained",
+            "system=search/is search=is(10) adapter=frozen",
+            "system=search/is search=is(3) adapter=trained",
+        ]
+    )
     assert not [label for label in labels if "None" in label]
 
 
@@ -114,17 +143,35 @@ def test_prepare_and_calibrate_jobs_that_completed_are_not_missing(sweep_2x2: Pa
 
 # --- the paper's tables -----------------------------------------------------------------------
 
+
 def main_sweep(root: Path) -> Path:
     """One model, two tasks, the five variants of the main experiment."""
     for task, base in (("conll", 0.4), ("wos", 0.3)):
-        make_run(root, f"{task}_bg", task=task, mode="eval", results={"results": [base, base]},
-                 choices={"experiment/variant": "baseline_greedy"})
-        make_run(root, f"{task}_bb", task=task, mode="eval",
-                 results={"results": [base + 0.1] * 2}, decodings={"results": "beam"})
+        make_run(
+            root,
+            f"{task}_bg",
+            task=task,
+            mode="eval",
+            results={"results": [base, base]},
+            choices={"experiment/variant": "baseline_greedy"},
+        )
+        make_run(
+            root,
+            f"{task}_bb",
+            task=task,
+            mode="eval",
+            results={"results": [base + 0.1] * 2},
+            decodings={"results": "beam"},
+        )
         make_run(root, f"{task}_do", task=task, lam=0.0, results={"results": [base + 0.05] * 2})
         make_run(root, f"{task}_ro", task=task, lam=1.0, results={"results": [base + 0.02] * 2})
-        make_run(root, f"{task}_g", task=task, lam=0.5,
-                 results={"results": [base + 0.2, base + 0.22], "results_beam": [base + 0.15] * 2})
+        make_run(
+            root,
+            f"{task}_g",
+            task=task,
+            lam=0.5,
+            results={"results": [base + 0.2, base + 0.22], "results_beam": [base + 0.15] * 2},
+        )
     return root
 
 
@@ -133,8 +180,14 @@ def test_main_table_rows_columns_and_bold(tmp_path: Path):
     agg.aggregate("main", [root])
     text = (root / "aggregate" / "main_results.md").read_text()
     rows = md_rows(text)
-    assert list(rows)[1:] == ["baseline (greedy)", "baseline (beam)", "GrammarRL (reverse only)",
-                              "GrammarRL (direct only)", "GrammarRL", "GrammarRL (beam)"]
+    assert list(rows)[1:] == [
+        "baseline (greedy)",
+        "baseline (beam)",
+        "GrammarRL (reverse only)",
+        "GrammarRL (direct only)",
+        "GrammarRL",
+        "GrammarRL (beam)",
+    ]
     assert rows["Config"] == ["WoS (Hier. F1)", "CoNLL (F1-micro)"]
     assert rows["baseline (beam)"] == ["0.400 ± 0.000", "0.500 ± 0.000"]
     assert rows["GrammarRL"][1] == "0.610 ± 0.014"
@@ -175,11 +228,14 @@ def test_calibration_table_from_run_files(tmp_path: Path, capsys):
         (run / "calibration.json").write_text(json.dumps({"sigma_direct": d, "sigma_reverse": r}))
     shared = make_run(root, "8b", mode="calibrate", model="8b")
     (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "calibration.json").write_text(json.dumps(
-        {"conll/8b/n3_b3": {"sigma_direct": 0.6253, "sigma_reverse": 0.1916}}))
+    (tmp_path / "cache" / "calibration.json").write_text(
+        json.dumps({"conll/8b/n3_b3": {"sigma_direct": 0.6253, "sigma_reverse": 0.1916}})
+    )
     (root / "8b" / ".hydra" / "config.yaml").write_text(
-        (shared / ".hydra" / "config.yaml").read_text().replace(str(root / "cache"),
-                                                                 str(tmp_path / "cache")))
+        (shared / ".hydra" / "config.yaml")
+        .read_text()
+        .replace(str(root / "cache"), str(tmp_path / "cache"))
+    )
     make_run(root, "failed", mode="calibrate", n=9, b=3, model="1b")
     agg.aggregate("calibration", [root])
     rows = md_rows((root / "aggregate" / "calibration.md").read_text())
@@ -194,10 +250,22 @@ def test_calibration_table_from_run_files(tmp_path: Path, capsys):
 def test_inference_table_best_lambda_cost_and_first_sets(tmp_path: Path):
     root = tmp_path / "inf"
     make_run(root, "greedy", mode="eval", results={"results": [0.43, 0.44]}, eps=20.0)
-    make_run(root, "beam", mode="eval", results={"results": [0.58, 0.59]},
-             decodings={"results": "beam"}, eps=6.0)
-    make_run(root, "rerank", mode="search", results={"results": [0.48, 0.49]}, eps=2.0,
-             extra_config={"search": {"method": "rerank"}})
+    make_run(
+        root,
+        "beam",
+        mode="eval",
+        results={"results": [0.58, 0.59]},
+        decodings={"results": "beam"},
+        eps=6.0,
+    )
+    make_run(
+        root,
+        "rerank",
+        mode="search",
+        results={"results": [0.48, 0.49]},
+        eps=2.0,
+        extra_config={"search": {"method": "rerank"}},
+    )
     for lam, s in ((0.25, [0.62, 0.63, 0.1]), (0.5, [0.57, 0.58, 0.9]), (0.75, [0.5, 0.5, 0.5])):
         make_run(root, f"lam{lam}", lam=lam, results={"results": s}, eps=20.0)
     table = paper_tables.inference_table(load_sweep([root]).evaluations(), num_sets=2)
@@ -212,6 +280,7 @@ def test_inference_table_best_lambda_cost_and_first_sets(tmp_path: Path):
 
 
 # --- prediction statistics and figures --------------------------------------------------------
+
 
 def test_empty_field_rate_and_trap_counts():
     rows = [
@@ -228,26 +297,60 @@ def test_empty_field_rate_and_trap_counts():
 def test_lambda_report_writes_table_and_qualitative_figures(tmp_path: Path):
     root = tmp_path / "lam"
     for lam, empties in ((0.0, 2), (0.5, 1), (1.0, 0)):
-        preds = [{"set": s, "gold": conll(person="P", location="L"),
-                  "prediction": conll(person="" if i < empties else "P", location="L")}
-                 for s in (0, 1) for i in range(2)]
-        make_run(root, f"conll{lam}", lam=lam, results={"results": [0.5 + lam / 10] * 2},
-                 predictions={"results": preds})
-        gloss_preds = [{"set": s, "prediction": " ".join(["THERE-DESC"] * int(4 * lam) + ["X"])}
-                       for s in (0, 1)]
-        make_run(root, f"gloss{lam}", task="gloss", lam=lam, results={"results": [0.3, 0.3]},
-                 predictions={"results": gloss_preds})
+        preds = [
+            {
+                "set": s,
+                "gold": conll(person="P", location="L"),
+                "prediction": conll(person="" if i < empties else "P", location="L"),
+            }
+            for s in (0, 1)
+            for i in range(2)
+        ]
+        make_run(
+            root,
+            f"conll{lam}",
+            lam=lam,
+            results={"results": [0.5 + lam / 10] * 2},
+            predictions={"results": preds},
+        )
+        gloss_preds = [
+            {"set": s, "prediction": " ".join(["THERE-DESC"] * int(4 * lam) + ["X"])}
+            for s in (0, 1)
+        ]
+        make_run(
+            root,
+            f"gloss{lam}",
+            task="gloss",
+            lam=lam,
+            results={"results": [0.3, 0.3]},
+            predictions={"results": gloss_preds},
+        )
     base = tmp_path / "base"
-    make_run(base, "bg", mode="eval", results={"results": [0.4, 0.4]}, predictions={"results": [
-        {"set": 0, "gold": conll(person="P"), "prediction": conll()}]})
+    make_run(
+        base,
+        "bg",
+        mode="eval",
+        results={"results": [0.4, 0.4]},
+        predictions={"results": [{"set": 0, "gold": conll(person="P"), "prediction": conll()}]},
+    )
     written = agg.aggregate("ablation_lambda", [root], baselines=[str(base)])
     names = {p.name for p in written}
-    assert {"ablation_lambda.md", "conll_empty_fields.png", "conll_empty_fields.md",
-            "gloss_trap_tokens.md", "gloss_trap_tokens.tex", "gloss_trap_tokens.png"} <= names
+    assert {
+        "ablation_lambda.md",
+        "conll_empty_fields.png",
+        "conll_empty_fields.md",
+        "gloss_trap_tokens.md",
+        "gloss_trap_tokens.tex",
+        "gloss_trap_tokens.png",
+    } <= names
     empty = md_rows((root / "aggregate" / "conll_empty_fields.md").read_text())
     # 2 gold fields per example, 2 examples per set: 2, 1, 0 empty person fields of 4
-    assert [v[0] for k, v in empty.items() if k != "λ"] == ["50.000 ± 0.000", "25.000 ± 0.000",
-                                                           "0.000 ± 0.000", "100.000"]
+    assert [v[0] for k, v in empty.items() if k != "λ"] == [
+        "50.000 ± 0.000",
+        "25.000 ± 0.000",
+        "0.000 ± 0.000",
+        "100.000",
+    ]
     traps = md_rows((root / "aggregate" / "gloss_trap_tokens.md").read_text())
     assert traps["0 (direct only)"][2] == "0.0" and traps["1 (reverse only)"][2] == "4.0"
     assert traps["0.5"][3] == "1.0"
@@ -258,8 +361,10 @@ def test_lambda_report_writes_table_and_qualitative_figures(tmp_path: Path):
 
 def test_training_curves_from_metrics_csv(tmp_path: Path):
     root = tmp_path / "curves"
-    csv = ("step,train/reward,val/train_conll_metric,val/dev_conll_metric\n"
-           "0,0.1,,\n1,0.2,0.3,0.25\n3,0.3,0.4,0.35\n")
+    csv = (
+        "step,train/reward,val/train_conll_metric,val/dev_conll_metric\n"
+        "0,0.1,,\n1,0.2,0.3,0.25\n3,0.3,0.4,0.35\n"
+    )
     run = make_run(root, "r", results={"results": [0.5]}, metrics=csv)
     series = analysis.read_metrics(load_sweep([run]).runs[0])
     assert series["val/dev_conll_metric"] == [(1, 0.25), (3, 0.35)]
@@ -270,9 +375,13 @@ def test_training_curves_from_metrics_csv(tmp_path: Path):
 
 def test_a_run_validated_once_is_named_with_the_settings_that_caused_it(tmp_path: Path, capsys):
     root = tmp_path / "curves"
-    make_run(root, "r", results={"results": [0.5]},
-             metrics="step,train/reward,val/dev_conll_metric\n0,,0.2\n0,0.1,\n1,0.2,\n",
-             extra_config={"optim": {"max_steps": 2}, "trainer": {"val_check_interval": 50}})
+    make_run(
+        root,
+        "r",
+        results={"results": [0.5]},
+        metrics="step,train/reward,val/dev_conll_metric\n0,,0.2\n0,0.1,\n1,0.2,\n",
+        extra_config={"optim": {"max_steps": 2}, "trainer": {"val_check_interval": 50}},
+    )
     agg.aggregate("sweep", [root])
     err = capsys.readouterr().err
     assert "validated at 1 step(s)" in err
@@ -281,6 +390,7 @@ def test_a_run_validated_once_is_named_with_the_settings_that_caused_it(tmp_path
 
 # --- sweeps and launchers ---------------------------------------------------------------------
 
+
 def test_ablation_lambda_expands_to_five_jobs():
     expanded = jobs.expand(["+experiment=ablation_lambda"])
     assert len(expanded) == 5
@@ -288,14 +398,29 @@ def test_ablation_lambda_expands_to_five_jobs():
     assert lambdas == ["lambda=0", "lambda=0.25", "lambda=0.5", "lambda=0.75", "lambda=1"]
     cfg = jobs.compose_job(expanded[1])
     assert (cfg["lambda"], cfg.model.name, cfg.rollout.num_samples, cfg.rollout.beam_width) == (
-        0.25, "1b", 3, 3)
+        0.25,
+        "1b",
+        3,
+        3,
+    )
 
 
-@pytest.mark.parametrize(("experiment", "count"), [
-    ("main", 45), ("ablation_rollout", 5), ("calibration", 21), ("inference_time", 15),
-    ("main_cpu", 5), ("ablation_lambda_cpu", 5), ("ablation_rollout_cpu", 5),
-    ("calibration_cpu", 5), ("inference_time_cpu", 5), ("evidence_conll_cpu", 5),
-    ("evidence_gloss_cpu", 5)])
+@pytest.mark.parametrize(
+    ("experiment", "count"),
+    [
+        ("main", 45),
+        ("ablation_rollout", 5),
+        ("calibration", 21),
+        ("inference_time", 15),
+        ("main_cpu", 5),
+        ("ablation_lambda_cpu", 5),
+        ("ablation_rollout_cpu", 5),
+        ("calibration_cpu", 5),
+        ("inference_time_cpu", 5),
+        ("evidence_conll_cpu", 5),
+        ("evidence_gloss_cpu", 5),
+    ],
+)
 def test_experiments_expand_and_validate(experiment: str, count: int):
     expanded = jobs.expand([f"+experiment={experiment}"])
     assert len(expanded) == count
@@ -306,17 +431,25 @@ def test_experiments_expand_and_validate(experiment: str, count: int):
 def test_variants_and_rollouts_land_in_the_job_config():
     main = jobs.expand(["+experiment=main", "task=conll", "model=1b"])
     configs = {job[-2].split("=")[1]: jobs.compose_job(job) for job in main}
-    assert {k: (c.mode, c["lambda"], c.eval.decoding, c.train.eval_beam)
-            for k, c in configs.items()} == {
+    assert {
+        k: (c.mode, c["lambda"], c.eval.decoding, c.train.eval_beam) for k, c in configs.items()
+    } == {
         "baseline_greedy": ("eval", 0.5, "greedy", False),
         "baseline_beam": ("eval", 0.5, "beam", False),
         "direct_only": ("train", 0.0, "greedy", False),
         "reverse_only": ("train", 1.0, "greedy", False),
-        "grammarrl": ("train", 0.5, "greedy", True)}
+        "grammarrl": ("train", 0.5, "greedy", True),
+    }
     cal = [jobs.compose_job(j) for j in jobs.expand(["+experiment=calibration", "task=wos"])]
     assert sorted((c.model.name, c.rollout.num_samples, c.rollout.beam_width) for c in cal) == [
-        ("1b", 3, 3), ("1b", 3, 5), ("1b", 3, 10), ("1b", 6, 3), ("1b", 9, 3), ("3b", 3, 3),
-        ("8b", 3, 3)]
+        ("1b", 3, 3),
+        ("1b", 3, 5),
+        ("1b", 3, 10),
+        ("1b", 6, 3),
+        ("1b", 9, 3),
+        ("3b", 3, 3),
+        ("8b", 3, 3),
+    ]
     assert {c.mode for c in cal} == {"calibrate"}
     cpu = jobs.compose_job(jobs.expand(["+experiment=ablation_lambda_cpu"])[0])
     assert (cpu.model.name, cpu.task.name, cpu.trainer.max_steps) == ("smollm2", "conll", 8)
@@ -329,16 +462,18 @@ def test_command_line_sweeps_override_the_experiment():
     assert len(plain) == 6 and ["lambda=0.5", "rollout.beam_width=10"] in plain
 
 
-@pytest.mark.parametrize(("launcher", "target", "key", "value"), [
-    ("slurm", "SlurmLauncher", "gpus_per_node", 1),
-    ("local", "JoblibLauncher", "n_jobs", 2)])
+@pytest.mark.parametrize(
+    ("launcher", "target", "key", "value"),
+    [("slurm", "SlurmLauncher", "gpus_per_node", 1), ("local", "JoblibLauncher", "n_jobs", 2)],
+)
 def test_launcher_configs_compose(launcher: str, target: str, key: str, value: int):
     from hydra import compose, initialize_config_dir
     from hydra.utils import get_class
 
     with initialize_config_dir(config_dir=jobs.CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"],
-                      return_hydra_config=True)
+        cfg = compose(
+            config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True
+        )
     assert cfg.hydra.launcher._target_.endswith(target)
     assert cfg.hydra.launcher[key] == value
     assert get_class(cfg.hydra.launcher._target_).__name__ == target

@@ -50,8 +50,10 @@ def job_config(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
 def metrics_csv(dev_f1: list[float]) -> str:
     """Lightning's CSV: train rows per step (kl = 0.01·step, reward = -step), validation rows
     placed by val/dev_trained_steps (dev reward = -10 + F1, empty fields = 100·(1 - F1))."""
-    header = ("step,train/reward,train/kl,train/validity,val/dev_micro_f1,val/dev_reward,"
-              "val/dev_empty_field_rate,val/dev_trained_steps")
+    header = (
+        "step,train/reward,train/kl,train/validity,val/dev_micro_f1,val/dev_reward,"
+        "val/dev_empty_field_rate,val/dev_trained_steps"
+    )
     lines = [header]
     last = VAL_STEPS[len(dev_f1) - 1]
     for step in range(last + 5 if len(dev_f1) == len(VAL_STEPS) else last):
@@ -61,32 +63,69 @@ def metrics_csv(dev_f1: list[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_eval(path: Path, config: dict[str, Any], scores: list[float], *,
-               rewards: tuple[list[float], list[float]] | None = None, **extra: Any) -> None:
+def write_eval(
+    path: Path,
+    config: dict[str, Any],
+    scores: list[float],
+    *,
+    rewards: tuple[list[float], list[float]] | None = None,
+    **extra: Any,
+) -> None:
     """A results file as grammarrl.evaluate / grammarrl.search.run write it (per-set rewards
     with eval.score_rewards)."""
     per_set = []
     for index, score in enumerate(scores):
-        item = {"value": score, "size": config["eval"]["test_size"], "validity": 1.0,
-                "truncated": 0.0, "task_validity": 1.0, "details": {}}
+        item = {
+            "value": score,
+            "size": config["eval"]["test_size"],
+            "validity": 1.0,
+            "truncated": 0.0,
+            "task_validity": 1.0,
+            "details": {},
+        }
         if rewards is not None:
-            item.update(reward_direct=rewards[0][index], reward_reverse=rewards[1][index],
-                        reward_scored=config["eval"]["test_size"])
+            item.update(
+                reward_direct=rewards[0][index],
+                reward_reverse=rewards[1][index],
+                reward_scored=config["eval"]["test_size"],
+            )
         per_set.append(item)
     extra.setdefault("decoding", config["eval"]["decoding"])
-    record = build_results(task="conll", model="smollm2", metric="micro_f1", scores=scores,
-                           validity=1.0, truncated=0.0, examples_per_second=1.0, config=config,
-                           num_test_sets=len(scores), test_size=config["eval"]["test_size"],
-                           seed=config["seed"], dtype="float32", per_set=per_set, **extra)
+    record = build_results(
+        task="conll",
+        model="smollm2",
+        metric="micro_f1",
+        scores=scores,
+        validity=1.0,
+        truncated=0.0,
+        examples_per_second=1.0,
+        config=config,
+        num_test_sets=len(scores),
+        test_size=config["eval"]["test_size"],
+        seed=config["seed"],
+        dtype="float32",
+        per_set=per_set,
+        **extra,
+    )
     write_results(path, record, [], name="results")
 
 
-def train_run(root: Path, base: dict[str, Any], lam: float, n: int, dev_f1: list[float] | None,
-              test: list[float] | None = None,
-              rewards: tuple[list[float], list[float]] | None = None) -> Path:
+def train_run(
+    root: Path,
+    base: dict[str, Any],
+    lam: float,
+    n: int,
+    dev_f1: list[float] | None,
+    test: list[float] | None = None,
+    rewards: tuple[list[float], list[float]] | None = None,
+) -> Path:
     config = job_config(base, mode="train", **{"lambda": lam, "rollout__num_samples": n})
-    path = make_run(root, f"lambda={lam},rollout.num_samples={n}", extra_config=config,
-                    metrics=metrics_csv(dev_f1) if dev_f1 else None)
+    path = make_run(
+        root,
+        f"lambda={lam},rollout.num_samples={n}",
+        extra_config=config,
+        metrics=metrics_csv(dev_f1) if dev_f1 else None,
+    )
     if test is not None:
         write_eval(path, config, test, rewards=rewards, adapter=str((path / "adapter").absolute()))
     return path
@@ -98,12 +137,15 @@ def write_calibration(study: Path, base: dict[str, Any]) -> None:
     table = {}
     for key, (direct, reverse) in SIGMAS.items():
         n = int(key.split("_")[0][1:])
-        cfg = OmegaConf.create(job_config(base, device="cpu", model__dtype="float32",
-                                          rollout__num_samples=n))
+        cfg = OmegaConf.create(
+            job_config(base, device="cpu", model__dtype="float32", rollout__num_samples=n)
+        )
         conditions = calibration_conditions(cfg)
         decoy = {**conditions, "dev_size": 99, "sigma_direct": 100.0, "sigma_reverse": 100.0}
         table[f"conll/smollm2/{key}"] = [
-            decoy, {"sigma_direct": direct, "sigma_reverse": reverse, **conditions}]
+            decoy,
+            {"sigma_direct": direct, "sigma_reverse": reverse, **conditions},
+        ]
     (study / CALIBRATION).parent.mkdir(parents=True, exist_ok=True)
     (study / CALIBRATION).write_text(json.dumps(table))
 
@@ -119,8 +161,7 @@ def train_sweep(study: Path, base: dict[str, Any]) -> Path:
     λ=1 on the last dev F1 but not on the last two; λ=1 N=3 and N=10 tie on both (smaller N
     wins); λ=0.5 N=10 has the best dev F1 so far but is unfinished; λ=0.75 N=10 failed."""
     root = study / "train"
-    train_run(root, base, 0.5, 3, [0.20, 0.30, 0.38], [0.50, 0.55, 0.60],
-              ([-3.0] * 3, [-1.0] * 3))
+    train_run(root, base, 0.5, 3, [0.20, 0.30, 0.38], [0.50, 0.55, 0.60], ([-3.0] * 3, [-1.0] * 3))
     train_run(root, base, 0.75, 3, [0.20, 0.30, 0.40], [0.1, 0.1, 0.1])
     train_run(root, base, 1.0, 3, [0.20, 0.36, 0.40], CHOSEN_TEST, CHOSEN_REWARDS)
     train_run(root, base, 1.0, 10, [0.20, 0.36, 0.40], [0.2, 0.2, 0.2])
@@ -133,16 +174,34 @@ def train_sweep(study: Path, base: dict[str, Any]) -> Path:
 def baselines_sweep(study: Path, base: dict[str, Any], **greedy_changes: Any) -> Path:
     root = study / "baselines"
     greedy = job_config(base, mode="eval", **greedy_changes)
-    write_eval(make_run(root, "0_baseline_greedy", extra_config=greedy), greedy, GREEDY_TEST,
-               rewards=([-3.0] * 3, [-2.0] * 3))
+    write_eval(
+        make_run(root, "0_baseline_greedy", extra_config=greedy),
+        greedy,
+        GREEDY_TEST,
+        rewards=([-3.0] * 3, [-2.0] * 3),
+    )
     beam = job_config(base, mode="eval", eval__decoding="beam")
-    write_eval(make_run(root, "1_baseline_beam", extra_config=beam), beam, [0.25, 0.3, 0.45],
-               rewards=([-2.0] * 3, [-2.0] * 3), beam_width=3)
+    write_eval(
+        make_run(root, "1_baseline_beam", extra_config=beam),
+        beam,
+        [0.25, 0.3, 0.45],
+        rewards=([-2.0] * 3, [-2.0] * 3),
+        beam_width=3,
+    )
     rerank = job_config(base, mode="search", search__method="rerank")
-    write_eval(make_run(root, "2_rerank", extra_config=rerank), rerank, RERANK_TEST,
-               rewards=([-5.0] * 3, [-1.0] * 3), decoding="rerank", method="rerank",
-               particles=10, selections={"is": {"scores": [0.28, 0.33, 0.52], "mean": 0.3767},
-                                         "rerank": {"scores": RERANK_TEST, "mean": 0.3833}})
+    write_eval(
+        make_run(root, "2_rerank", extra_config=rerank),
+        rerank,
+        RERANK_TEST,
+        rewards=([-5.0] * 3, [-1.0] * 3),
+        decoding="rerank",
+        method="rerank",
+        particles=10,
+        selections={
+            "is": {"scores": [0.28, 0.33, 0.52], "mean": 0.3767},
+            "rerank": {"scores": RERANK_TEST, "mean": 0.3833},
+        },
+    )
     return root
 
 
@@ -156,22 +215,37 @@ def study(tmp_path: Path, base_config: dict[str, Any]) -> Path:
 
 
 def tables_of(out: Path) -> dict[str, dict[str, list[str]]]:
-    return {name: md_rows((out / f"{name}.md").read_text())
-            for name in ("dev_selection", "comparison", "mechanism")}
+    return {
+        name: md_rows((out / f"{name}.md").read_text())
+        for name in ("dev_selection", "comparison", "mechanism")
+    }
 
 
 def test_dev_selection_chooses_on_dev_numbers_only(study: Path, capsys):
-    written = agg.aggregate("evidence2", [study / "train", study / "baselines"],
-                            out=study / "agg")
-    assert {p.name for p in written} >= {"dev_selection.md", "dev_selection.tex", "comparison.md",
-                                         "mechanism.tex", "training_curves_evidence2.png",
-                                         "runs.md"}
+    written = agg.aggregate("evidence2", [study / "train", study / "baselines"], out=study / "agg")
+    assert {p.name for p in written} >= {
+        "dev_selection.md",
+        "dev_selection.tex",
+        "comparison.md",
+        "mechanism.tex",
+        "training_curves_evidence2.png",
+        "runs.md",
+    }
     rows = tables_of(study / "agg")["dev_selection"]
     assert [label for label in rows if "(chosen)" in label] == ["λ=1, N=3 (chosen)"]
     chosen = rows["λ=1, N=3 (chosen)"]
     # F1 @0, last, last step, best (step), reward @0, last, KL over steps 5..24, empty, status
-    assert chosen == ["0.200", "0.400", "20", "0.400 (step 20)", "-9.800", "-9.600", "0.145",
-                      "60.000", "done"]
+    assert chosen == [
+        "0.200",
+        "0.400",
+        "20",
+        "0.400 (step 20)",
+        "-9.800",
+        "-9.600",
+        "0.145",
+        "60.000",
+        "done",
+    ]
     assert rows["λ=0.5, N=10"][1:4] == ["0.900", "10", "0.900 (step 10)"]  # unfinished: not chosen
     assert rows["λ=0.5, N=10"][-1] == "unfinished"
     assert rows["λ=0.75, N=10"][0] == "–" and rows["λ=0.75, N=10"][-1] == "failed"
@@ -196,16 +270,29 @@ def test_comparison_paired_differences(study: Path):
     agg.aggregate("evidence2", [study / "train", study / "baselines"])
     rows = tables_of(study / "train" / "aggregate")["comparison"]
     assert list(rows)[1:] == [
-        "frozen greedy", "frozen beam(3)", "Sample-Rerank(10)",
-        "Full IS(10), paired on the rerank particles", "GrammarRL greedy, dev-chosen (λ=1, N=3)",
-        "GrammarRL greedy, λ=0.5, N=3"]
+        "frozen greedy",
+        "frozen beam(3)",
+        "Sample-Rerank(10)",
+        "Full IS(10), paired on the rerank particles",
+        "GrammarRL greedy, dev-chosen (λ=1, N=3)",
+        "GrammarRL greedy, λ=0.5, N=3",
+    ]
     header = rows["System"]
-    assert header[2:6] == ["diff. vs frozen greedy", "per set", "diff. vs Sample-Rerank(10)",
-                           "per set"]
+    assert header[2:6] == [
+        "diff. vs frozen greedy",
+        "per set",
+        "diff. vs Sample-Rerank(10)",
+        "per set",
+    ]
     chosen = rows["GrammarRL greedy, dev-chosen (λ=1, N=3)"]
-    assert chosen == ["0.400 ± 0.173", "0.300, 0.300, 0.600",
-                      "0.100 ± 0.100", "+0.100, +0.000, +0.200",
-                      "0.017 ± 0.076", "+0.000, -0.050, +0.100"]
+    assert chosen == [
+        "0.400 ± 0.173",
+        "0.300, 0.300, 0.600",
+        "0.100 ± 0.100",
+        "+0.100, +0.000, +0.200",
+        "0.017 ± 0.076",
+        "+0.000, -0.050, +0.100",
+    ]
     paired = rows["Full IS(10), paired on the rerank particles"]
     assert paired[2:4] == ["0.077 ± 0.045", "+0.080, +0.030, +0.120"]
     assert rows["frozen greedy"][2:4] == ["–", "–"]  # no difference against itself
@@ -229,8 +316,10 @@ def test_mechanism_combines_rewards_with_the_chosen_runs_calibrated_sigmas(study
     assert rows["frozen greedy"][3:] == ["-2.750 ± 0.000", "-4.000 ± 0.000"]
     text = (out / "mechanism.md").read_text()
     assert "σ_direct=2.0000, σ_reverse=0.5000" in text and "conll/smollm2/n3_b3" in text
-    assert ("minus frozen greedy (mean over test sets): micro-F1 +0.100, combined reward at "
-            "λ=0.5 +0.500, combined reward at λ=1 +2.000.") in text
+    assert (
+        "minus frozen greedy (mean over test sets): micro-F1 +0.100, combined reward at "
+        "λ=0.5 +0.500, combined reward at λ=1 +2.000."
+    ) in text
 
 
 def test_sigmas_recorded_in_the_checkpoint_come_first(study: Path):
@@ -238,9 +327,14 @@ def test_sigmas_recorded_in_the_checkpoint_come_first(study: Path):
 
     run = study / "train" / "lambda=1.0,rollout.num_samples=3"
     (run / "checkpoints").mkdir()
-    torch.save({"state_dict": {}, "global_step": TRAIN_STEPS,
-                "grammarrl_run": {"config": {}, "sigmas": [4.0, 1.0]}},
-               run / "checkpoints" / "last.ckpt")
+    torch.save(
+        {
+            "state_dict": {},
+            "global_step": TRAIN_STEPS,
+            "grammarrl_run": {"config": {}, "sigmas": [4.0, 1.0]},
+        },
+        run / "checkpoints" / "last.ckpt",
+    )
     agg.aggregate("evidence2", [study / "train", study / "baselines"])
     rows = tables_of(study / "train" / "aggregate")["mechanism"]
     assert rows["GrammarRL greedy, dev-chosen (λ=1, N=3)"][4] == "-1.000 ± 0.500"  # r / 1
@@ -254,8 +348,9 @@ def test_calibration_archived_beside_the_runs_is_found_by_name(study: Path):
     assert "σ_direct=2.0000, σ_reverse=0.5000" in text and "no σ's found" not in text
 
 
-def test_rows_on_other_test_sets_are_refused_naming_the_runs(tmp_path: Path,
-                                                            base_config: dict[str, Any]):
+def test_rows_on_other_test_sets_are_refused_naming_the_runs(
+    tmp_path: Path, base_config: dict[str, Any]
+):
     study = tmp_path / "study"
     train_sweep(study, base_config)
     baselines_sweep(study, base_config, eval__test_size=50)
@@ -271,16 +366,28 @@ def test_partial_study_says_missing(tmp_path: Path, base_config: dict[str, Any])
     root = study / "train"
     train_run(root, base_config, 0.5, 10, [0.2, 0.9])  # still training
     greedy = job_config(base_config, mode="eval")
-    write_eval(make_run(study / "baselines", "0_baseline_greedy", extra_config=greedy), greedy,
-               GREEDY_TEST, rewards=([-3.0] * 3, [-2.0] * 3))
-    make_run(study / "baselines", "2_rerank", extra_config=job_config(
-        base_config, mode="search", search__method="rerank"))  # not finished
+    write_eval(
+        make_run(study / "baselines", "0_baseline_greedy", extra_config=greedy),
+        greedy,
+        GREEDY_TEST,
+        rewards=([-3.0] * 3, [-2.0] * 3),
+    )
+    make_run(
+        study / "baselines",
+        "2_rerank",
+        extra_config=job_config(base_config, mode="search", search__method="rerank"),
+    )  # not finished
     agg.aggregate("evidence2", [root, study / "baselines"])
     out = root / "aggregate"
     found = tables_of(out)
     assert found["comparison"]["frozen greedy"][0] == "0.300 ± 0.100"
-    for label in ("frozen beam", "Sample-Rerank", "Full IS, paired on the rerank particles",
-                  "GrammarRL greedy, dev-chosen", "GrammarRL greedy, λ=0.5, N=3"):
+    for label in (
+        "frozen beam",
+        "Sample-Rerank",
+        "Full IS, paired on the rerank particles",
+        "GrammarRL greedy, dev-chosen",
+        "GrammarRL greedy, λ=0.5, N=3",
+    ):
         assert found["comparison"][label][0] == "missing"
     assert found["dev_selection"]["λ=0.5, N=10"][-1] == "unfinished"
     assert found["mechanism"]["frozen greedy"][1:] == ["-3.000 ± 0.000", "-2.000 ± 0.000", "–"]
@@ -291,21 +398,44 @@ def test_partial_study_says_missing(tmp_path: Path, base_config: dict[str, Any])
 def test_trained_proposal_rows(study: Path, base_config: dict[str, Any]):
     adapter = (study / "train" / "lambda=1.0,rollout.num_samples=3" / "adapter").absolute()
     for particles, scores in ((1, [0.1, 0.2, 0.3]), (10, [0.4, 0.4, 0.4])):
-        config = job_config(base_config, mode="search", search__method="is",
-                            search__particles=particles, eval__adapter=str(adapter))
-        write_eval(make_run(study / "proposal", f"is_{particles}", extra_config=config), config,
-                   scores, rewards=([-1.0] * 3, [-1.0] * 3), decoding="is", method="is",
-                   particles=particles, adapter=str(adapter))
+        config = job_config(
+            base_config,
+            mode="search",
+            search__method="is",
+            search__particles=particles,
+            eval__adapter=str(adapter),
+        )
+        write_eval(
+            make_run(study / "proposal", f"is_{particles}", extra_config=config),
+            config,
+            scores,
+            rewards=([-1.0] * 3, [-1.0] * 3),
+            decoding="is",
+            method="is",
+            particles=particles,
+            adapter=str(adapter),
+        )
     frozen = job_config(base_config, mode="search", search__method="is", search__particles=3)
-    write_eval(make_run(study / "proposal", "is_3_frozen", extra_config=frozen), frozen,
-               [0.2] * 3, decoding="is", method="is", particles=3, adapter=None)
+    write_eval(
+        make_run(study / "proposal", "is_3_frozen", extra_config=frozen),
+        frozen,
+        [0.2] * 3,
+        decoding="is",
+        method="is",
+        particles=3,
+        adapter=None,
+    )
     agg.aggregate("evidence2", [study / "train", study / "baselines", study / "proposal"])
     found = tables_of(study / "train" / "aggregate")
     assert found["comparison"]["IS(3) with the frozen proposal"][0] == "0.200 ± 0.000"
     assert found["mechanism"]["IS(3) with the frozen proposal"][1] == "not scored"
     row = found["comparison"]["IS(10) with the trained proposal (λ=1, N=3)"]
-    assert row[:4] == ["0.400 ± 0.000", "0.400, 0.400, 0.400", "0.100 ± 0.100",
-                       "+0.200, +0.100, +0.000"]
+    assert row[:4] == [
+        "0.400 ± 0.000",
+        "0.400, 0.400, 0.400",
+        "0.100 ± 0.100",
+        "+0.200, +0.100, +0.000",
+    ]
     assert "IS(1) with the trained proposal (λ=1, N=3)" in found["comparison"]
     assert found["mechanism"]["IS(10) with the trained proposal (λ=1, N=3)"][1] == "-1.000 ± 0.000"
 

@@ -20,9 +20,22 @@ def run_sweep(sweep_dir: Path, overrides: list[str]) -> subprocess.CompletedProc
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}  # bundled samples
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", "-m", *TINY, *overrides,
-         f"hydra.sweep.dir={sweep_dir}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+        [
+            sys.executable,
+            "-m",
+            "grammarrl.run",
+            "-m",
+            *TINY,
+            *overrides,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_tiny_2x2_sweep_aggregates_to_four_rows(tmp_path: Path):
@@ -45,4 +58,5 @@ def test_tiny_2x2_sweep_aggregates_to_four_rows(tmp_path: Path):
     evals = load_sweep([sweep_dir]).evaluations()
     assert sorted((ev.lam, ev.beam_width, ev.summary()) for ev in evals) == sorted(
         (r["config"]["lambda"], r["config"]["rollout"]["beam_width"], (r["mean"], r["std"]))
-        for r in (json.loads(p.read_text()) for p in results))
+        for r in (json.loads(p.read_text()) for p in results)
+    )

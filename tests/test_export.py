@@ -43,18 +43,23 @@ def outlines_greedy(folder: Path, messages: list[dict[str, str]], max_new_tokens
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    generate = outlines.Generator(outlines.from_transformers(model, tokenizer),
-                                  CFG((folder / GRAMMAR_FILE).read_text()), backend="llguidance")
+    generate = outlines.Generator(
+        outlines.from_transformers(model, tokenizer),
+        CFG((folder / GRAMMAR_FILE).read_text()),
+        backend="llguidance",
+    )
     return generate(outlines.inputs.Chat(messages), max_new_tokens=max_new_tokens)
 
 
-@pytest.mark.parametrize("model", [
-    "tiny", pytest.param("smollm2", marks=pytest.mark.slow)])  # float32: merged = unmerged
+@pytest.mark.parametrize(
+    "model", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)]
+)  # float32: merged = unmerged
 def test_exported_folder_decodes_like_our_decoder_with_the_adapter(tmp_path, cache_dir, model):
     settings = [*TINY, f"model={model}", "model.dtype=float32"]
     adapter = random_adapter(compose_config(settings), cache_dir, tmp_path / "run" / "adapter")
-    cfg = compose_config([*settings, "mode=export", f"eval.adapter={adapter}",
-                          f"export.dir={tmp_path / 'model'}"])
+    cfg = compose_config(
+        [*settings, "mode=export", f"eval.adapter={adapter}", f"export.dir={tmp_path / 'model'}"]
+    )
     validate(cfg)
     result = run_export(cfg)
     folder = Path(result["export_dir"])
@@ -66,12 +71,15 @@ def test_exported_folder_decodes_like_our_decoder_with_the_adapter(tmp_path, cac
     decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     examples = task.splits().test_pool[:3]
     ours = decoder.greedy([encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples])
-    theirs = [outlines_greedy(folder, task.forward_messages(ex), cfg.task.max_new_tokens)
-              for ex in examples]
+    theirs = [
+        outlines_greedy(folder, task.forward_messages(ex), cfg.task.max_new_tokens)
+        for ex in examples
+    ]
     assert [g.text for g in ours] == theirs
     with torch.no_grad(), policy.disable_adapter():  # the adapter matters: not a vacuous match
-        frozen = decoder.greedy([encode_prompt(tokenizer, task.forward_messages(ex))
-                                 for ex in examples])
+        frozen = decoder.greedy(
+            [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
+        )
     assert [g.text for g in frozen] != theirs
 
     example = json.loads((folder / "example_prompt.json").read_text())
@@ -84,6 +92,7 @@ def test_export_needs_an_adapter():
 
 
 # --- the Python API -----------------------------------------------------------------------------
+
 
 def test_api_loads_a_run_and_its_export_and_generates_what_the_decoder_does(tmp_path, cache_dir):
     from grammarrl import api, rundir
@@ -98,20 +107,30 @@ def test_api_loads_a_run_and_its_export_and_generates_what_the_decoder_does(tmp_
     outputs = from_run.generate([ex.input for ex in examples])
 
     expected = from_run.decoder.greedy(
-        [encode_prompt(from_run.tokenizer, task.forward_messages(ex)) for ex in examples])
+        [encode_prompt(from_run.tokenizer, task.forward_messages(ex)) for ex in examples]
+    )
     assert [o.text for o in outputs] == [g.text for g in expected]
     for out in outputs:
         assert out.valid == (out.value is not None)
         if out.valid:
             assert out.value == task.parse(out.text)
-    assert [o.text for o in api.load(run / "adapter").generate([examples[0].input])] == \
-        [outputs[0].text]
+    assert [o.text for o in api.load(run / "adapter").generate([examples[0].input])] == [
+        outputs[0].text
+    ]
 
-    export = compose_config([*TINY, "model.dtype=float32", "mode=export",
-                             f"eval.adapter={run / 'adapter'}", f"export.dir={tmp_path / 'm'}"])
+    export = compose_config(
+        [
+            *TINY,
+            "model.dtype=float32",
+            "mode=export",
+            f"eval.adapter={run / 'adapter'}",
+            f"export.dir={tmp_path / 'm'}",
+        ]
+    )
     run_export(export)
-    assert [o.text for o in api.load(tmp_path / "m").generate(
-        [ex.input for ex in examples])] == [o.text for o in outputs]
+    assert [o.text for o in api.load(tmp_path / "m").generate([ex.input for ex in examples])] == [
+        o.text for o in outputs
+    ]
 
     rows = [{"input": ex.input, "output": ex.target} for ex in examples]
     evaluation = from_run.evaluate(rows)

@@ -18,16 +18,20 @@ def test_known_noise_is_dropped_and_other_messages_kept(caplog):
         warnings.warn("Found 397 module(s) in eval mode at the start of training.", UserWarning)
         warnings.warn("a library warning we do not know", FutureWarning)
         warnings.warn("our own warning", UserWarning)
-    assert [str(w.message) for w in caught] == ["a library warning we do not know",
-                                                "our own warning"]
+    assert [str(w.message) for w in caught] == [
+        "a library warning we do not know",
+        "our own warning",
+    ]
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     with caplog.at_level(logging.INFO):
         rank_zero.info("💡 Tip: For seamless cloud logging, try installing X")
         rank_zero.info("GPU available: False, used: False")
         rank_zero.info("a Lightning message we do not know")
         logging.getLogger("grammarrl").warning("our warning")
-    assert [r.getMessage() for r in caplog.records] == ["a Lightning message we do not know",
-                                                        "our warning"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "a Lightning message we do not know",
+        "our warning",
+    ]
 
 
 def test_lightning_console_handler_removed_when_the_root_logs(monkeypatch):
@@ -50,10 +54,21 @@ def test_a_training_job_console_shows_each_message_once_and_counts_steps(tmp_pat
 
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
     done = subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", "+experiment=tiny_scale", "trainer.max_steps=3",
-         "eval.num_test_sets=1", f"hydra.run.dir={tmp_path}"],
-        cwd=Path(__file__).resolve().parents[1], env={**env, "OMP_NUM_THREADS": "1"},
-        capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "grammarrl.run",
+            "+experiment=tiny_scale",
+            "trainer.max_steps=3",
+            "eval.num_test_sets=1",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     console = (done.stdout + done.stderr).replace("\r", "\n")
     assert done.returncode == 0, console[-3000:]
     assert console.count("val_check_interval=1") == 1  # not once per Lightning handler

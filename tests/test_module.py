@@ -15,8 +15,16 @@ from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks import load_task
 from tests.conftest import compose_config
 
-STEP = ["model=tiny", "task=conll", "data.dir=null", "logger=none", "lora.dropout=0.5",
-        "task.max_new_tokens=24", "rollout.num_samples=2", "rollout.beam_width=2"]
+STEP = [
+    "model=tiny",
+    "task=conll",
+    "data.dir=null",
+    "logger=none",
+    "lora.dropout=0.5",
+    "task.max_new_tokens=24",
+    "rollout.num_samples=2",
+    "rollout.beam_width=2",
+]
 
 
 def make_module(tiny, overrides: list[str], trained: bool) -> tuple[GrammarRLModule, list]:
@@ -43,8 +51,9 @@ def deterministic_logp(module: GrammarRLModule, step) -> torch.Tensor:
     with torch.no_grad():
         rows = []
         for prompt, group in zip(step.rollouts.prompts, step.rollouts.groups):
-            logp = sequence_logprobs(module.policy, [prompt + g.token_ids for g in group],
-                                     [len(prompt)] * len(group))
+            logp = sequence_logprobs(
+                module.policy, [prompt + g.token_ids for g in group], [len(prompt)] * len(group)
+            )
             rows.append(torch.stack([lp.sum() for lp in logp]))
     return torch.stack(rows)
 
@@ -62,7 +71,8 @@ def test_policy_pass_uses_the_rollout_policy_without_dropout(tiny, checkpointing
     """With lora.dropout=0.5 and a non-zero adapter, log pi_theta in the loss equals the
     deterministic policy's (the one that rolled out), with gradient checkpointing too."""
     module, batch = make_module(
-        tiny, [f"train.gradient_checkpointing={str(checkpointing).lower()}"], trained=True)
+        tiny, [f"train.gradient_checkpointing={str(checkpointing).lower()}"], trained=True
+    )
     seen = []
     layer = module.policy.base_model.model.model.layers[0]
     hook = layer.register_forward_pre_hook(lambda mod, args: seen.append(mod.training))
@@ -72,8 +82,9 @@ def test_policy_pass_uses_the_rollout_policy_without_dropout(tiny, checkpointing
         hook.remove()
     assert seen[-1] is True  # the policy pass runs in training mode: checkpointing applies
     assert step.policy_logp.requires_grad
-    torch.testing.assert_close(step.policy_logp.detach(), deterministic_logp(module, step),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        step.policy_logp.detach(), deterministic_logp(module, step), rtol=0, atol=1e-5
+    )
     step.loss.backward()
     grads = [p.grad for p in module.policy.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
@@ -92,16 +103,17 @@ def test_an_empty_beam_candidate_is_dropped_through_reward_and_loss(tiny):
     and the rollout -> reward -> loss path drops that empty candidate from its group."""
     from grammarrl.decoding import ConstrainedDecoder
 
-    module, batch = make_module(tiny, ["rollout.beam_width=1", "rollout.num_samples=6"],
-                                trained=False)
+    module, batch = make_module(
+        tiny, ["rollout.beam_width=1", "rollout.num_samples=6"], trained=False
+    )
     probe = ConstrainedDecoder(module.policy, tiny[1], 'start: "1" | "2"', max_new_tokens=4)
     prompts = [encode_prompt(tiny[1], module.task.forward_messages(ex)) for ex in batch]
     first = [g.text for g in probe.greedy(prompts)]
     assert first[0] == first[1]  # the tiny model prefers the same digit for both inputs
     bad, good = first[0], "2" if first[0] == "1" else "1"
-    module.decoder = ConstrainedDecoder(module.policy, tiny[1],
-                                        f'start: "{good}" | "{bad}" " " A\nA: /a/ & /b/',
-                                        max_new_tokens=8)
+    module.decoder = ConstrainedDecoder(
+        module.policy, tiny[1], f'start: "{good}" | "{bad}" " " A\nA: /a/ & /b/', max_new_tokens=8
+    )
     step = module.step_loss(batch)
     beams = [group[-1] for group in step.rollouts.groups]
     assert all(b.token_ids == [] and b.error == "no beam survived" for b in beams)
@@ -122,16 +134,19 @@ def test_identical_groups_and_the_no_signal_warning():
     def gen(*ids):
         return SimpleNamespace(token_ids=list(ids))
 
-    groups = [[gen(1, 2), gen(1, 2), gen(1, 2)],      # identical
-              [gen(1, 2), gen(1, 3), gen(1, 2)],      # differ
-              [gen(5), gen(), gen(5)],                # identical once the empty one is dropped
-              [gen(7), gen(), gen()]]                 # one valid candidate: nothing to compare
+    groups = [
+        [gen(1, 2), gen(1, 2), gen(1, 2)],  # identical
+        [gen(1, 2), gen(1, 3), gen(1, 2)],  # differ
+        [gen(5), gen(), gen(5)],  # identical once the empty one is dropped
+        [gen(7), gen(), gen()],
+    ]  # one valid candidate: nothing to compare
     valid = torch.tensor([[True] * 3, [True] * 3, [True, False, True], [True, False, False]])
     assert identical_groups(groups, valid).tolist() == [True, False, True, True]
 
     watch = SignalWatch()
-    reports = [watch.update(step, silent) for step, silent in
-               enumerate([False, True, True, False, True])]
+    reports = [
+        watch.update(step, silent) for step, silent in enumerate([False, True, True, False, True])
+    ]
     assert reports[:3] == [None, None, None] and reports[4] is None
     assert reports[3].startswith("steps 1-2:")
     assert watch.flush().startswith("steps 4-4:") and watch.flush() is None

@@ -45,7 +45,8 @@ def test_checkpointing_keeps_less():
     # A long prompt, short candidates: the layers' activations outweigh tiny's large logits.
     full, checkpointed = (
         saved_activation_bytes(build_policy(config, torch.float32, cfg.lora, ck), 400, [1] * 4)
-        for ck in (False, True))
+        for ck in (False, True)
+    )
     assert checkpointed < full / 2
 
 
@@ -63,8 +64,9 @@ def test_parts_follow_the_dimensions():
     per_input = three.parts["activations"] - two.parts["activations"]
     assert per_input > 0
     assert two.parts["activations"] - plan.parts["activations"] == per_input
-    ddp = plan_step(compose_job_config([*TINY, "optim.batch_size=1", "trainer.devices=2"]),
-                    40, 10, runtime=123)
+    ddp = plan_step(
+        compose_job_config([*TINY, "optim.batch_size=1", "trainer.devices=2"]), 40, 10, runtime=123
+    )
     assert ddp.total - plan.total == ddp.parts["ddp_buckets"] == 4 * lora  # one float32 copy
     longer = plan_step(cfg, 80, 10, runtime=123)
     assert longer.parts["activations"] > plan.parts["activations"]
@@ -78,14 +80,31 @@ def test_8b_planned_in_bfloat16_for_cuda_without_weights():
     assert plan.frozen_parameters == 8_030_261_248
     assert plan.parts["frozen_weights"] == (8_030_261_248 - head) * 2 + head * 4
     with_checkpointing = plan_step(
-        compose_job_config([*["model=8b", "task=conll", "device=cuda", "optim.batch_size=1"],
-                            "train.gradient_checkpointing=true"]), 1000, 128, runtime=0)
+        compose_job_config(
+            [
+                *["model=8b", "task=conll", "device=cuda", "optim.batch_size=1"],
+                "train.gradient_checkpointing=true",
+            ]
+        ),
+        1000,
+        128,
+        runtime=0,
+    )
     assert with_checkpointing.parts["activations"] < plan.parts["activations"] / 4
 
 
 def test_cli_prints_the_plan_and_its_json(capsys):
-    code = main(["model=1b", "task=conll", "device=cuda", "--prompt-tokens", "900",
-                 "--candidate-tokens", "64"])
+    code = main(
+        [
+            "model=1b",
+            "task=conll",
+            "device=cuda",
+            "--prompt-tokens",
+            "900",
+            "--candidate-tokens",
+            "64",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     report = json.loads(out.strip().splitlines()[-1])
@@ -97,8 +116,16 @@ def test_cli_prints_the_plan_and_its_json(capsys):
 
 
 def test_cli_names_a_model_it_cannot_plan(capsys, tmp_path):
-    code = main(["model=8b", "model.path=nobody/unknown-model", "task=conll", "device=cuda",
-                 "--prompt-tokens", "10"])
+    code = main(
+        [
+            "model=8b",
+            "model.path=nobody/unknown-model",
+            "task=conll",
+            "device=cuda",
+            "--prompt-tokens",
+            "10",
+        ]
+    )
     assert code == 2
     assert "model.path=nobody/unknown-model" in capsys.readouterr().err
 
@@ -112,4 +139,7 @@ def test_fits_against_the_cards_reported_memory():
     assert plan_of(CARDS_MIB["24GB"] * 2**20).fits() == {"24GB": True, "40GB": True, "80GB": True}
     assert plan_of(CARDS_MIB["24GB"] * 2**20 + 1).fits()["24GB"] is False
     assert plan_of(CARDS_MIB["80GB"] * 2**20 + 1).fits() == {
-        "24GB": False, "40GB": False, "80GB": False}
+        "24GB": False,
+        "40GB": False,
+        "80GB": False,
+    }

@@ -38,8 +38,14 @@ def test_prepare_on_the_samples(name, capsys):
 def test_prepare_from_the_command_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
     result = subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", "mode=prepare", "task=wos",
-         f"hydra.run.dir={tmp_path}"],
+        [
+            sys.executable,
+            "-m",
+            "grammarrl.run",
+            "mode=prepare",
+            "task=wos",
+            f"hydra.run.dir={tmp_path}",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

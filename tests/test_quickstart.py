@@ -17,7 +17,9 @@ FOLDER = ROOT / "examples" / "support_tickets"
 def test_quickstart_composes_the_triage_task_with_a_summary():
     cfg = compose_config(["+experiment=quickstart"])
     validate(cfg)
-    assert cfg.task.name == "support_triage" and cfg.task.spec.endswith("support_tickets/triage.yaml")
+    assert cfg.task.name == "support_triage" and cfg.task.spec.endswith(
+        "support_tickets/triage.yaml"
+    )
     assert cfg.model.name == "smollm2" and cfg.mode == "train"
     # the summary compares frozen and trained, with the training reward of the greedy outputs
     assert cfg.train.eval_baseline and cfg.eval.score_rewards
@@ -37,5 +39,7 @@ def test_triage_gold_is_the_tickets_category_and_order_number():
     rows = [json.loads(line) for line in (FOLDER / "test.jsonl").read_text().splitlines()]
     by_input = {ex.input: json.loads(ex.target) for ex in s.test_pool}
     for row in rows:
-        assert by_input[row["message"]] == {"category": row["ticket"]["category"],
-                                            "order_id": row["ticket"]["order_id"]}
+        assert by_input[row["message"]] == {
+            "category": row["ticket"]["category"],
+            "order_id": row["ticket"]["order_id"],
+        }

@@ -37,11 +37,22 @@ from tests.conftest import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = [
-    "model=tiny", "task=conll", "data.dir=null", "logger=none", "optim.batch_size=2",
-    "optim.lr=1e-3", "task.max_new_tokens=64", "task.dev_size=2", "reward.sigma_direct=1",
-    "reward.sigma_reverse=1", "train.checkpoint_every_n_steps=1",
-    "trainer.val_check_interval=100", "train.val_size=2", "eval.num_test_sets=1",
-    "eval.test_size=2", "data.limit_train=4",
+    "model=tiny",
+    "task=conll",
+    "data.dir=null",
+    "logger=none",
+    "optim.batch_size=2",
+    "optim.lr=1e-3",
+    "task.max_new_tokens=64",
+    "task.dev_size=2",
+    "reward.sigma_direct=1",
+    "reward.sigma_reverse=1",
+    "train.checkpoint_every_n_steps=1",
+    "trainer.val_check_interval=100",
+    "train.val_size=2",
+    "eval.num_test_sets=1",
+    "eval.test_size=2",
+    "data.limit_train=4",
 ]
 
 
@@ -52,8 +63,14 @@ def clean_env() -> dict[str, str]:
 
 
 def cli(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grammarrl.run", *args], cwd=cwd,
-                          env={**clean_env(), **env}, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "grammarrl.run", *args],
+        cwd=cwd,
+        env={**clean_env(), **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def train_in(work: Path, overrides: list[str]) -> tuple[Path, object]:
@@ -84,14 +101,25 @@ def test_sweep_records_a_failed_job_runs_the_others_and_rerun_skips_completed(tm
     """The same behaviour under Hydra's basic launcher (in process), submitit's local executor
     (each job a subprocess, as on SLURM) and joblib (`hydra/launcher=local`)."""
     sweep = tmp_path / "sweep"
-    args = ["-m", "+experiment=tiny_scale", "lambda=0,1.5", f"hydra.sweep.dir={sweep}",
-            f"hydra/launcher={launcher}"]
+    args = [
+        "-m",
+        "+experiment=tiny_scale",
+        "lambda=0,1.5",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra/launcher={launcher}",
+    ]
     first = cli(*args)
     assert first.returncode != 0  # the sweep reports that a job failed ...
-    good = next(p.parent.parent for p in sweep.glob("*/.hydra/overrides.yaml")
-                if "lambda=0" in p.read_text().split())
-    bad = next(p.parent.parent for p in sweep.glob("*/.hydra/overrides.yaml")
-               if "lambda=1.5" in p.read_text().split())
+    good = next(
+        p.parent.parent
+        for p in sweep.glob("*/.hydra/overrides.yaml")
+        if "lambda=0" in p.read_text().split()
+    )
+    bad = next(
+        p.parent.parent
+        for p in sweep.glob("*/.hydra/overrides.yaml")
+        if "lambda=1.5" in p.read_text().split()
+    )
     assert (good / "results.json").is_file(), first.stderr[-3000:]  # ... and the other job ran
     assert not (good / "failed.json").exists()
     failure = json.loads((bad / "failed.json").read_text())
@@ -105,8 +133,10 @@ def test_sweep_records_a_failed_job_runs_the_others_and_rerun_skips_completed(tm
     assert second.returncode != 0
     # submitit's jobs print into their own logs; every job also logs into its run.log
     assert "Skipping this job" in second.stdout + second.stderr + (good / "run.log").read_text()
-    assert ((good / "results.json").read_bytes(),
-            (good / "results.json").stat().st_mtime_ns) == before
+    assert (
+        (good / "results.json").read_bytes(),
+        (good / "results.json").stat().st_mtime_ns,
+    ) == before
     assert (good / "timing.json").read_text() == timing  # a skipped re-run keeps the timing
 
     from experiments import aggregate as agg
@@ -119,8 +149,16 @@ def test_sweep_records_a_failed_job_runs_the_others_and_rerun_skips_completed(tm
 
 def test_failure_record_is_removed_once_the_job_succeeds(tmp_path):
     run = tmp_path / "run"
-    args = ["mode=eval", "model=tiny", "task=conll", "logger=none", "task.max_new_tokens=16",
-            "eval.num_test_sets=1", "eval.test_size=2", f"hydra.run.dir={run}"]
+    args = [
+        "mode=eval",
+        "model=tiny",
+        "task=conll",
+        "logger=none",
+        "task.max_new_tokens=16",
+        "eval.num_test_sets=1",
+        "eval.test_size=2",
+        f"hydra.run.dir={run}",
+    ]
     failed = cli(*args, f"eval.adapter={tmp_path / 'nowhere'}")
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert "no adapter_config.json" in json.loads((run / "failed.json").read_text())["error"]
@@ -139,8 +177,9 @@ def sweep_labels(sweep_dir: Path) -> list[str]:
 
     agg.aggregate("sweep", [sweep_dir])
     table = (sweep_dir / "aggregate" / "sweep.md").read_text()
-    return sorted(line.split("|")[1].strip() for line in table.splitlines()
-                  if line.startswith("| λ="))
+    return sorted(
+        line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| λ=")
+    )
 
 
 def test_each_sweep_job_logs_its_own_finished_wandb_run(tmp_path, monkeypatch):
@@ -166,10 +205,20 @@ def test_each_sweep_job_logs_its_own_finished_wandb_run(tmp_path, monkeypatch):
     monkeypatch.setattr(wandb, "init", init)
     monkeypatch.setattr(Run, "finish", finish)
     monkeypatch.delenv("GRAMMARRL_DATA_DIR", raising=False)
-    monkeypatch.setattr(sys, "argv", [
-        "grammarrl.run", "-m", *TINY_SWEEP, "logger=wandb", "lambda=0,1",
-        f"hydra.sweep.dir={tmp_path}", "hydra/job_logging=none",
-        "hydra/hydra_logging=none"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "grammarrl.run",
+            "-m",
+            *TINY_SWEEP,
+            "logger=wandb",
+            "lambda=0,1",
+            f"hydra.sweep.dir={tmp_path}",
+            "hydra/job_logging=none",
+            "hydra/hydra_logging=none",
+        ],
+    )
     try:
         runpy.run_module("grammarrl.run", run_name="__main__")  # python -m grammarrl.run
     finally:
@@ -179,8 +228,10 @@ def test_each_sweep_job_logs_its_own_finished_wandb_run(tmp_path, monkeypatch):
         assert run._is_finished, f"job {job}'s W&B run was left open"
         assert kwargs["group"] == str(tmp_path) and f"lambda={job}" in kwargs["tags"]
         assert len(list((tmp_path / str(job) / "wandb").glob("offline-run-*"))) == 1
-        assert summaries[run.id]["results/mean"] == json.loads(
-            (tmp_path / str(job) / "results.json").read_text())["mean"]
+        assert (
+            summaries[run.id]["results/mean"]
+            == json.loads((tmp_path / str(job) / "results.json").read_text())["mean"]
+        )
 
 
 def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tmp_path):
@@ -201,8 +252,9 @@ def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tm
     assert not list(sweep_dir.glob("*/failed.json"))  # the jobs there did not fail
     assert sweep_labels(sweep_dir) == ["λ=0", "λ=1"]
 
-    replaced = cli("-m", *TINY_SWEEP, "lambda=0.25,0.75", "overwrite=true",
-                   f"hydra.sweep.dir={sweep_dir}")
+    replaced = cli(
+        "-m", *TINY_SWEEP, "lambda=0.25,0.75", "overwrite=true", f"hydra.sweep.dir={sweep_dir}"
+    )
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert sweep_labels(sweep_dir) == ["λ=0.25", "λ=0.75"]
 
@@ -254,8 +306,9 @@ def test_outputs_of_a_machine_where_auto_resolved_otherwise_are_not_reused(tmp_p
         del record["resolved"]
         write_json(tmp_path / "results.json", {"mean": 0.5, "device": "cpu", "dtype": other})
     write_json(tmp_path / "job.json", record)
-    with pytest.raises(rundir.RunDirConflict,
-                       match=re.escape(f"dtype={other} (this machine: {here['dtype']})")):
+    with pytest.raises(
+        rundir.RunDirConflict, match=re.escape(f"dtype={other} (this machine: {here['dtype']})")
+    ):
         rundir.plan_job(cfg, tmp_path)
     overwrite = compose_config(["model=tiny", "mode=eval", "logger=none", "overwrite=true"])
     plan = rundir.plan_job(overwrite, tmp_path)
@@ -270,8 +323,10 @@ def test_run_dir_holds_one_job_and_training_continues_with_more_steps(tmp_path):
     for extra in ([], ["skip_completed=false"], ["overwrite=true"]):
         evaluated = cli("mode=eval", "model=tiny", "logger=none", *extra, f"hydra.run.dir={run}")
         assert evaluated.returncode == 2, extra
-        assert "holds the outputs of a mode=train run; mode=eval would write its results on " \
-               "top of them" in evaluated.stdout + evaluated.stderr
+        assert (
+            "holds the outputs of a mode=train run; mode=eval would write its results on "
+            "top of them" in evaluated.stdout + evaluated.stderr
+        )
     assert (run / "results.json").read_bytes() == results
     assert "mode: train" in (run / ".hydra" / "config.yaml").read_text()
 
@@ -296,15 +351,24 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monke
 
     monkeypatch.setattr("grammarrl.train.load_model", no_model)
     refused = {
-        ("lambda=1", "rollout.num_samples=2"): ("lambda=0.5 (now 1)",
-                                                "rollout.num_samples=3 (now 2)"),
-        ("beta=0.1", "rollout.temperature=0.7"): ("beta=0.02 (now 0.1)",
-                                                  "rollout.temperature=1.0 (now 0.7)"),
+        ("lambda=1", "rollout.num_samples=2"): (
+            "lambda=0.5 (now 1)",
+            "rollout.num_samples=3 (now 2)",
+        ),
+        ("beta=0.1", "rollout.temperature=0.7"): (
+            "beta=0.02 (now 0.1)",
+            "rollout.temperature=1.0 (now 0.7)",
+        ),
         ("rollout.length_penalty=0", "rollout.beam_width=2"): (
-            "rollout.length_penalty=1.0 (now 0)", "rollout.beam_width=3 (now 2)"),
+            "rollout.length_penalty=1.0 (now 0)",
+            "rollout.beam_width=3 (now 2)",
+        ),
         ("lora.r=8", "optim.lr=0.01", "task.num_fewshot=2", "data.split_seed=1"): (
-            "lora.r=64 (now 8)", "optim.lr=0.001 (now 0.01)", "task.num_fewshot=10 (now 2)",
-            "data.split_seed=0 (now 1)"),
+            "lora.r=64 (now 8)",
+            "optim.lr=0.001 (now 0.01)",
+            "task.num_fewshot=10 (now 2)",
+            "data.split_seed=0 (now 1)",
+        ),
     }
     for overrides, named in refused.items():
         _, err = train_in(tmp_path, ["trainer.max_steps=3", ckpt, *overrides])
@@ -321,9 +385,15 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monke
 
 
 def test_hub_model_out_of_reach_is_one_line_naming_model_path(tmp_path):
-    offline = cli("task=wos", "model=8b", "lambda=0.25", "logger=none",
-                  f"hydra.run.dir={tmp_path / 'run'}", HF_HUB_OFFLINE="1",
-                  HF_HOME=str(tmp_path / "hf"))
+    offline = cli(
+        "task=wos",
+        "model=8b",
+        "lambda=0.25",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+    )
     text = offline.stdout + offline.stderr
     assert offline.returncode == 2 and "Traceback" not in text, text[-3000:]
     (line,) = [line for line in text.splitlines() if "model.path" in line]
@@ -337,33 +407,46 @@ def test_hub_model_failing_to_load_is_one_line_naming_model_path(monkeypatch):
     from grammarrl.models import load_tokenizer
 
     def unreachable(*args, **kwargs):
-        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\n"
-                      "Check your internet connection.")
+        raise OSError(
+            "We couldn't connect to 'https://huggingface.co' to load the files.\n"
+            "Check your internet connection."
+        )
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
     with pytest.raises(ModelError) as err:
         load_tokenizer(compose_config(["model=1b"]).model, "/nowhere")
     message = str(err.value)
     assert "\n" not in message and message.startswith(
-        "cannot load model.path=meta-llama/Llama-3.2-1B-Instruct: We couldn't connect")
+        "cannot load model.path=meta-llama/Llama-3.2-1B-Instruct: We couldn't connect"
+    )
     assert "hf auth login" in message and "HF_HUB_OFFLINE=1" in message
 
 
 def test_model_dir_without_a_model_says_what_it_lacks(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = cli("mode=eval", "model=1b", f"model.path={empty}", "logger=none",
-               f"hydra.run.dir={tmp_path / 'run'}")
+    proc = cli(
+        "mode=eval",
+        "model=1b",
+        f"model.path={empty}",
+        "logger=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in text, text[-3000:]
-    assert (f"model.path={empty}: the directory lacks config.json, a tokenizer (tokenizer.json "
-            "or tokenizer.model), weights (*.safetensors or pytorch_model*.bin)") in text
+    assert (
+        f"model.path={empty}: the directory lacks config.json, a tokenizer (tokenizer.json "
+        "or tokenizer.model), weights (*.safetensors or pytorch_model*.bin)"
+    ) in text
     from grammarrl.models import check_model_source
 
     (empty / "config.json").write_text("{}")
     (empty / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ModelError, match=r"lacks a tokenizer \(tokenizer.json or tokenizer."
-                                         r"model\); point model.path"):
+    with pytest.raises(
+        ModelError,
+        match=r"lacks a tokenizer \(tokenizer.json or tokenizer."
+        r"model\); point model.path",
+    ):
         check_model_source(compose_config(["model=1b", f"model.path={empty}"]).model)
     with pytest.raises(ModelError, match=r"model.path=/no/such/dir: no such directory"):
         check_model_source(compose_config(["model=1b", "model.path=/no/such/dir"]).model)
@@ -389,17 +472,33 @@ class FullDisk:
 
 
 def test_disk_full_while_writing_results_keeps_the_previous_results(tmp_path, monkeypatch):
-    record = {"task": "conll", "model": "tiny", "decoding": "greedy", "metric": "micro_f1",
-              "scores": [0.5], "mean": 0.5, "std": 0.0, "validity": 1.0, "truncated": 0.0,
-              "examples_per_second": 1.0, "config": {}}
+    record = {
+        "task": "conll",
+        "model": "tiny",
+        "decoding": "greedy",
+        "metric": "micro_f1",
+        "scores": [0.5],
+        "mean": 0.5,
+        "std": 0.0,
+        "validity": 1.0,
+        "truncated": 0.0,
+        "examples_per_second": 1.0,
+        "config": {},
+    }
     path = write_results(tmp_path, record, [{"uid": "a"}])
     before = path.read_text(), (tmp_path / "predictions.jsonl").read_text()
     monkeypatch.setattr(os, "fdopen", FullDisk(os.fdopen))
-    with pytest.raises(ResultsWriteError, match=r"No space left on device; the previous "
-                                                r"predictions.jsonl is unchanged"):
+    with pytest.raises(
+        ResultsWriteError,
+        match=r"No space left on device; the previous "
+        r"predictions.jsonl is unchanged",
+    ):
         write_results(tmp_path, {**record, "mean": 0.9}, [{"uid": "b"}])
-    with pytest.raises(ResultsWriteError, match=r"results.json: No space left on device; the "
-                                                r"previous results.json is unchanged"):
+    with pytest.raises(
+        ResultsWriteError,
+        match=r"results.json: No space left on device; the "
+        r"previous results.json is unchanged",
+    ):
         write_json(path, {**record, "mean": 0.9})
     monkeypatch.undo()
     assert (path.read_text(), (tmp_path / "predictions.jsonl").read_text()) == before
@@ -464,8 +563,14 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
     cfg = compose_config([])  # train.resume=auto
-    AtomicCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}, RUN_RECORD: {
-        "config": config_dict(cfg), "sigmas": [1.0, 1.0]}}, ckpt)
+    AtomicCheckpointIO().save_checkpoint(
+        {
+            "global_step": 3,
+            "state_dict": {},
+            RUN_RECORD: {"config": config_dict(cfg), "sigmas": [1.0, 1.0]},
+        },
+        ckpt,
+    )
     assert resolve_resume(cfg, tmp_path / "run").path == ckpt
     (ckpt.parent / ".last.ckpt.abc.tmp").write_bytes(b"half")  # a write cut by a kill
     data = ckpt.read_bytes()
@@ -497,8 +602,14 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path,
 
     # A checkpoint of another base model size is refused, naming the setting that differs.
     monkeypatch.undo()
-    _, mismatch = train_in(tmp_path, ["trainer.max_steps=4", "model.hidden_size=32",
-                                      f"train.resume={out / 'checkpoints' / 'last.ckpt'}"])
+    _, mismatch = train_in(
+        tmp_path,
+        [
+            "trainer.max_steps=4",
+            "model.hidden_size=32",
+            f"train.resume={out / 'checkpoints' / 'last.ckpt'}",
+        ],
+    )
     assert isinstance(mismatch, ConfigError), mismatch
     assert "model.hidden_size=64 (now 32)" in str(mismatch)
 
@@ -520,8 +631,16 @@ def test_grammar_rejecting_gold_outputs_is_warned_with_counts(tiny, tmp_path, ca
     from grammarrl.evaluate import evaluate
 
     model, tok = tiny
-    cfg = compose_config(["model=tiny", "task=conll", "data.dir=null", "task.max_new_tokens=40",
-                          "eval.num_test_sets=1", "eval.test_size=4"])
+    cfg = compose_config(
+        [
+            "model=tiny",
+            "task=conll",
+            "data.dir=null",
+            "task.max_new_tokens=40",
+            "eval.num_test_sets=1",
+            "eval.test_size=4",
+        ]
+    )
     task = load_task(cfg)
     empty = '{"person": "", "organization": "", "location": "", "misc": ""}'
     task.grammar = lambda: "start: " + json.dumps(empty)  # admits only the empty output
@@ -542,8 +661,15 @@ def test_corrupt_adapter_is_a_clear_error(tmp_path, cache_dir):
     add_lora(model, cfg.lora).save_pretrained(tmp_path / "adapter")
     weights = tmp_path / "adapter" / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated
-    cfg = compose_config(["model=tiny", "mode=eval", "data.dir=null", "device=cpu",
-                          f"eval.adapter={tmp_path / 'adapter'}"])
+    cfg = compose_config(
+        [
+            "model=tiny",
+            "mode=eval",
+            "data.dir=null",
+            "device=cpu",
+            f"eval.adapter={tmp_path / 'adapter'}",
+        ]
+    )
     previous = os.getcwd()
     os.chdir(tmp_path)
     try:

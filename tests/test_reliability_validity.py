@@ -38,8 +38,9 @@ def test_every_output_is_valid_or_flagged_truncated(tiny, sample_tasks, name, me
     task = sample_tasks[name]
     examples = rng.sample(task.splits().test_pool, 2)
     prompts = [encode_prompt(tok, task.forward_messages(ex)) for ex in examples]
-    decoder = ConstrainedDecoder(EndBias(model, end_of_turn_id(tok), bias), tok, task.grammar(),
-                                 max_new_tokens=MAX_NEW)
+    decoder = ConstrainedDecoder(
+        EndBias(model, end_of_turn_id(tok), bias), tok, task.grammar(), max_new_tokens=MAX_NEW
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         if method == "greedy":

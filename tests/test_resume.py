@@ -18,11 +18,23 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
 TINY_RUN = [
-    "model=tiny", "task=conll", "data.dir=null", "logger=none", f"trainer.max_steps={STEPS}",
-    "optim.batch_size=2", "optim.lr=1e-3", "task.max_new_tokens=64", "task.dev_size=2",
-    "reward.sigma_direct=1", "reward.sigma_reverse=1", "train.checkpoint_every_n_steps=1",
-    "trainer.val_check_interval=2", "train.val_size=2", "eval.num_test_sets=1",
-    "eval.test_size=2", "data.limit_train=6",  # 3 batches per pass: the run crosses passes
+    "model=tiny",
+    "task=conll",
+    "data.dir=null",
+    "logger=none",
+    f"trainer.max_steps={STEPS}",
+    "optim.batch_size=2",
+    "optim.lr=1e-3",
+    "task.max_new_tokens=64",
+    "task.dev_size=2",
+    "reward.sigma_direct=1",
+    "reward.sigma_reverse=1",
+    "train.checkpoint_every_n_steps=1",
+    "trainer.val_check_interval=2",
+    "train.val_size=2",
+    "eval.num_test_sets=1",
+    "eval.test_size=2",
+    "data.limit_train=6",  # 3 batches per pass: the run crosses passes
 ]
 
 
@@ -38,8 +50,14 @@ def env() -> dict[str, str]:
 
 def run(run_dir: Path, log: Path) -> None:
     with open(log, "w") as handle:
-        proc = subprocess.run(command(run_dir), cwd=ROOT, env=env(), stdout=handle,
-                              stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.run(
+            command(run_dir),
+            cwd=ROOT,
+            env=env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
     assert proc.returncode == 0, log.read_text()[-3000:]
 
 
@@ -61,8 +79,14 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path):
     # Start the same run elsewhere and SIGKILL it once a checkpoint after step 2 exists.
     ckpt = killed / "checkpoints" / "last.ckpt"
     with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen(command(killed), cwd=ROOT, env=env(), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command(killed),
+            cwd=ROOT,
+            env=env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         while proc.poll() is None and checkpoint_step(ckpt) < 2:
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -91,6 +115,8 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path):
 
     assert rewards(straight) == rewards(killed) and sorted(rewards(killed)) == list(range(STEPS))
     assert torch.load(ckpt, weights_only=False)["global_step"] == STEPS
-    assert json.loads((killed / "results.json").read_text())["scores"] == json.loads(
-        (straight / "results.json").read_text())["scores"]
+    assert (
+        json.loads((killed / "results.json").read_text())["scores"]
+        == json.loads((straight / "results.json").read_text())["scores"]
+    )
     assert not list((killed / "checkpoints").glob(".*.tmp"))

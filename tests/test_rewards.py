@@ -31,11 +31,15 @@ def test_reward_uses_unconstrained_probabilities(tiny):
 
     gen = ConstrainedDecoder(model, tokenizer, task.grammar(), max_new_tokens=8).greedy([prompt])[0]
     assert gen.finished and gen.text in WORDS
-    scores = ReferenceScorer(model, tokenizer, task).score(example, prompt, [gen.token_ids], [gen.text])
+    scores = ReferenceScorer(model, tokenizer, task).score(
+        example, prompt, [gen.token_ids], [gen.text]
+    )
     teacher = sequence_logprobs(model, [prompt + gen.token_ids], [len(prompt)])[0]
     assert scores.direct.item() == pytest.approx(teacher.mean().item(), abs=1e-5)
     assert scores.ref_logp.item() == pytest.approx(teacher.sum().item(), abs=1e-4)
-    assert scores.direct.item() == pytest.approx(sum(gen.logp_unconstrained) / gen.num_tokens, abs=1e-4)
+    assert scores.direct.item() == pytest.approx(
+        sum(gen.logp_unconstrained) / gen.num_tokens, abs=1e-4
+    )
     # renormalised probabilities would be much higher: the mask removed the favourite token
     assert scores.ref_logp.item() < gen.sum_logp_constrained - 1.0
 
@@ -49,7 +53,8 @@ def test_reverse_reward_scores_the_input_given_the_candidate(tiny):
     scorer = ReferenceScorer(model, tokenizer, task)
     shared = scorer.score(example, prompt, cands, ["gamma", "omega"])
     plain = ReferenceScorer(model, tokenizer, task, share_prefix=False).score(
-        example, prompt, cands, ["gamma", "omega"])
+        example, prompt, cands, ["gamma", "omega"]
+    )
     x_ids = tokenizer.encode(example.input, add_special_tokens=False)
     for i, word in enumerate(["gamma", "omega"]):
         rev = encode_prompt(tokenizer, task.reverse_messages(word))

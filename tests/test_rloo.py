@@ -47,10 +47,12 @@ def test_invalid_candidates_are_dropped_from_their_group():
 def test_an_empty_candidate_scores_nothing_and_leaves_the_others_unchanged(tiny_policy):
     prompt, cands = _candidates()
     for share in (True, False):
-        with_empty = sequence_logprobs(tiny_policy, [prompt + c for c in [[], *cands]],
-                                       [len(prompt)] * 4, share_prefix=share)
-        alone = sequence_logprobs(tiny_policy, [prompt + c for c in cands], [len(prompt)] * 3,
-                                  share_prefix=share)
+        with_empty = sequence_logprobs(
+            tiny_policy, [prompt + c for c in [[], *cands]], [len(prompt)] * 4, share_prefix=share
+        )
+        alone = sequence_logprobs(
+            tiny_policy, [prompt + c for c in cands], [len(prompt)] * 3, share_prefix=share
+        )
         assert with_empty[0].numel() == 0
         for got, expected in zip(with_empty[1:], alone):
             torch.testing.assert_close(got, expected)
@@ -116,8 +118,9 @@ def test_loss_gradient_matches_finite_differences(tiny_policy):
     def loss_fn():
         return grammarrl_loss(_policy_logp(tiny_policy, prompt, cands), ref, adv, beta=0.02)[0]
 
-    name, param = next((n, p) for n, p in tiny_policy.named_parameters()
-                       if "lora_A" in n and "q_proj" in n)
+    name, param = next(
+        (n, p) for n, p in tiny_policy.named_parameters() if "lora_A" in n and "q_proj" in n
+    )
     loss_fn().backward()
     analytic = param.grad[0, :3].clone()
     eps = 1e-3  # RMSNorm and rotary run in float32 inside the model: a larger step
@@ -130,7 +133,9 @@ def test_loss_gradient_matches_finite_differences(tiny_policy):
             down = loss_fn().item()
             param[0, j] += eps
         numeric.append((up - down) / (2 * eps))
-    assert torch.allclose(analytic, torch.tensor(numeric, dtype=torch.float64), rtol=1e-2, atol=1e-6), name
+    assert torch.allclose(
+        analytic, torch.tensor(numeric, dtype=torch.float64), rtol=1e-2, atol=1e-6
+    ), name
 
 
 def test_gradient_same_packed_padded_and_checkpointed(tiny_policy):
@@ -145,8 +150,9 @@ def test_gradient_same_packed_padded_and_checkpointed(tiny_policy):
 
     def gradients(share: bool) -> dict[str, torch.Tensor]:
         tiny_policy.zero_grad()
-        rows = sequence_logprobs(tiny_policy, [prompt + c for c in cands],
-                                 [len(prompt)] * len(cands), share_prefix=share)
+        rows = sequence_logprobs(
+            tiny_policy, [prompt + c for c in cands], [len(prompt)] * len(cands), share_prefix=share
+        )
         torch.stack([r.sum() for r in rows]).sum().backward()
         return {n: p.grad.clone() for n, p in tiny_policy.named_parameters() if p.requires_grad}
 
@@ -157,5 +163,7 @@ def test_gradient_same_packed_padded_and_checkpointed(tiny_policy):
     assert tiny_policy.base_model.model.model.layers[0].gradient_checkpointing
     assert any(g.abs().sum() > 0 for g in packed.values())
     for name in padded:
-        assert torch.allclose(packed[name], padded[name], rtol=1e-4, atol=1e-5), name  # float32 norms
+        assert torch.allclose(packed[name], padded[name], rtol=1e-4, atol=1e-5), (
+            name
+        )  # float32 norms
         assert torch.allclose(checkpointed[name], packed[name], atol=1e-10), name

@@ -17,12 +17,7 @@ from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, log_ess, smc
 from grammarrl.errors import ConfigError
 from grammarrl.rewards import ReferenceScorer
-from grammarrl.search.methods import (
-    normalized_weights,
-    posterior_draws,
-    posterior_mode,
-    rerank,
-)
+from grammarrl.search.methods import normalized_weights, posterior_draws, posterior_mode, rerank
 from grammarrl.search.potentials import Potential, ReversePotential, TaskPotential, make_potential
 from grammarrl.tasks import load_task
 from grammarrl.tasks.conll import closed_fields, field_penalty
@@ -405,7 +400,8 @@ def test_reverse_potential_is_the_summed_reverse_likelihood(tiny):
     before, uneven = pot.forward_tokens, ["alpha", "a much longer candidate gloss here"]
     pot.complete(ex, uneven)
     assert pot.forward_tokens - before == sum(
-        len(encode_prompt(tok, task.reverse_messages(t))) + n_x - static for t in uneven)
+        len(encode_prompt(tok, task.reverse_messages(t))) + n_x - static for t in uneven
+    )
     bound = pot.bind([ex])
     assert bound.complete(0, ["beta", "beta"]) == pytest.approx([values[1]] * 2)
 

@@ -17,11 +17,24 @@ from tests.conftest import compose_config, train_in
 
 SPEC = "examples/support_tickets/task.yaml"
 TINY_TICKETS = [
-    "model=tiny", "task=custom", f"task.spec={SPEC}", "logger=none",
-    "trainer.max_steps=2", "optim.batch_size=1", "optim.lr=1e-3", "task.max_new_tokens=48",
-    "task.dev_size=2", "trainer.val_check_interval=2", "train.val_size=2",
-    "train.checkpoint_every_n_steps=2", "eval.num_test_sets=2", "eval.test_size=3",
-    "eval.batch_size=4", "train.eval_baseline=true", "eval.score_rewards=true", "lambda=0.75",
+    "model=tiny",
+    "task=custom",
+    f"task.spec={SPEC}",
+    "logger=none",
+    "trainer.max_steps=2",
+    "optim.batch_size=1",
+    "optim.lr=1e-3",
+    "task.max_new_tokens=48",
+    "task.dev_size=2",
+    "trainer.val_check_interval=2",
+    "train.val_size=2",
+    "train.checkpoint_every_n_steps=2",
+    "eval.num_test_sets=2",
+    "eval.test_size=3",
+    "eval.batch_size=4",
+    "train.eval_baseline=true",
+    "eval.score_rewards=true",
+    "lambda=0.75",
 ]
 
 
@@ -33,8 +46,12 @@ def run(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("work")
     spec = os.path.abspath(SPEC)
-    cfg = compose_config([*[o.replace(SPEC, spec) for o in TINY_TICKETS],
-                          f"reward.calibration_file={work}/calibration.json"])
+    cfg = compose_config(
+        [
+            *[o.replace(SPEC, spec) for o in TINY_TICKETS],
+            f"reward.calibration_file={work}/calibration.json",
+        ]
+    )
     out, results = train_in(work, cfg)
     return out, results, load_task(cfg)
 
@@ -66,8 +83,11 @@ def test_summary_matches_the_results_files(run):
     assert data["frozen"]["validity"] == frozen["validity"]
     diff = [t - f for f, t in zip(frozen["scores"], trained["scores"])]
     assert data["difference"]["metric"]["per_set"] == pytest.approx(diff)
-    uids = [{r["uid"] for r in _rows(out / name) if r["set"] == s}
-            for name in ("predictions_baseline.jsonl", "predictions.jsonl") for s in (0, 1)]
+    uids = [
+        {r["uid"] for r in _rows(out / name) if r["set"] == s}
+        for name in ("predictions_baseline.jsonl", "predictions.jsonl")
+        for s in (0, 1)
+    ]
     assert uids[0] == uids[2] and uids[1] == uids[3]
 
 
@@ -78,16 +98,23 @@ def test_greedy_reward_is_the_training_objective(run):
     out, _, _ = run
     data = json.loads((out / "summary.json").read_text())
     (entry,) = json.loads((out.parents[2] / "calibration.json").read_text())[
-        "support_tickets/tiny/n3_b3"]
+        "support_tickets/tiny/n3_b3"
+    ]
     assert data["sigma_direct"] == pytest.approx(entry["sigma_direct"])
     assert data["lambda"] == 0.75
-    for system, name in (("frozen", "predictions_baseline.jsonl"), ("trained", "predictions.jsonl")):
+    for system, name in (
+        ("frozen", "predictions_baseline.jsonl"),
+        ("trained", "predictions.jsonl"),
+    ):
         rows = _rows(out / name)
         expected = []
         for s in (0, 1):
             scored = [r for r in rows if r["set"] == s and r["reward_direct"] is not None]
-            values = [0.25 * r["reward_direct"] / entry["sigma_direct"]
-                      + 0.75 * r["reward_reverse"] / entry["sigma_reverse"] for r in scored]
+            values = [
+                0.25 * r["reward_direct"] / entry["sigma_direct"]
+                + 0.75 * r["reward_reverse"] / entry["sigma_reverse"]
+                for r in scored
+            ]
             expected.append(sum(values) / len(values))
         assert data[system]["reward"]["per_set"] == pytest.approx(expected, rel=1e-5)
         assert all(math.isfinite(v) and v < 0 for v in expected)  # mean log-probs over σ's
@@ -120,20 +147,36 @@ def test_training_facts_and_curves(run):
     facts = data["training"]
     assert facts["steps"] == 2
     assert facts["rollout_reward"] == pytest.approx(
-        [series["train/reward"][0][1], series["train/reward"][-1][1]])
+        [series["train/reward"][0][1], series["train/reward"][-1][1]]
+    )
     assert 0.0 <= facts["identical_groups"] <= 1.0
 
 
 # --- pure functions, no model -----------------------------------------------------------------
 
+
 def _evaluation(tmp_path, name, scores, predictions, rewards=None):
-    per_set = [{"value": v, **({"reward_direct": d, "reward_reverse": r} if rewards else {})}
-               for v, (d, r) in zip(scores, rewards or [(0, 0)] * len(scores))]
-    rows = [{"set": 0, "uid": uid, "input": f"in {uid}", "gold": gold, "prediction": pred}
-            for uid, (pred, gold) in predictions.items()]
-    results = build_results(task="t", model="m", decoding="greedy", metric="exact_match",
-                            scores=scores, validity=1.0, truncated=0.0, examples_per_second=1.0,
-                            config=None, test_size=len(predictions), per_set=per_set)
+    per_set = [
+        {"value": v, **({"reward_direct": d, "reward_reverse": r} if rewards else {})}
+        for v, (d, r) in zip(scores, rewards or [(0, 0)] * len(scores))
+    ]
+    rows = [
+        {"set": 0, "uid": uid, "input": f"in {uid}", "gold": gold, "prediction": pred}
+        for uid, (pred, gold) in predictions.items()
+    ]
+    results = build_results(
+        task="t",
+        model="m",
+        decoding="greedy",
+        metric="exact_match",
+        scores=scores,
+        validity=1.0,
+        truncated=0.0,
+        examples_per_second=1.0,
+        config=None,
+        test_size=len(predictions),
+        per_set=per_set,
+    )
     results["path"] = str(write_results(tmp_path, results, rows, name=name))
     return results
 
@@ -142,16 +185,25 @@ class ExactTask:
     def score(self, predictions, examples):
         class Scores:
             value = sum(p == e.target for p, e in zip(predictions, examples)) / len(examples)
+
         return Scores()
 
 
 def test_compare_counts_better_and_worse_and_shows_changed_examples(tmp_path):
-    frozen = _evaluation(tmp_path, "results_baseline", [0.2, 0.3],
-                         {"a": ("x", "x"), "b": ("y", "z"), "c": ("q", "q"), "d": ("s", "s")},
-                         rewards=[(-1.0, -2.0), (-1.0, -4.0)])
-    trained = _evaluation(tmp_path, "results", [0.5, 0.6],
-                          {"a": ("x", "x"), "b": ("z", "z"), "c": ("r", "q"), "d": ("s", "s")},
-                          rewards=[(-0.5, -1.0), (-0.5, -1.0)])
+    frozen = _evaluation(
+        tmp_path,
+        "results_baseline",
+        [0.2, 0.3],
+        {"a": ("x", "x"), "b": ("y", "z"), "c": ("q", "q"), "d": ("s", "s")},
+        rewards=[(-1.0, -2.0), (-1.0, -4.0)],
+    )
+    trained = _evaluation(
+        tmp_path,
+        "results",
+        [0.5, 0.6],
+        {"a": ("x", "x"), "b": ("z", "z"), "c": ("r", "q"), "d": ("s", "s")},
+        rewards=[(-0.5, -1.0), (-0.5, -1.0)],
+    )
     result = summ.compare(ExactTask(), frozen, trained, 0.5, 0.5, 2.0)
     assert result["changed"] == {"outputs": 2, "better": 1, "worse": 1, "same_score": 0}
     assert [e["input"] for e in result["examples"]] == ["in b", "in c"]
@@ -174,11 +226,14 @@ def test_set_rewards_use_combine_rewards():
     assert summ.set_rewards({"per_set": [{"value": 1.0}]}, 0.25, 0.4, 0.6) is None
 
 
-@pytest.mark.parametrize("frozen, trained, start", [
-    ([0.40, 0.50, 0.45], [0.42, 0.49, 0.47], "no effect shown: trained − frozen = +0.0100"),
-    ([0.40, 0.42, 0.41], [0.30, 0.31, 0.33], "trained is worse than frozen: -0.0967"),
-    ([0.40], [0.50], "one test set: trained − frozen = +0.1000"),
-])
+@pytest.mark.parametrize(
+    "frozen, trained, start",
+    [
+        ([0.40, 0.50, 0.45], [0.42, 0.49, 0.47], "no effect shown: trained − frozen = +0.0100"),
+        ([0.40, 0.42, 0.41], [0.30, 0.31, 0.33], "trained is worse than frozen: -0.0967"),
+        ([0.40], [0.50], "one test set: trained − frozen = +0.1000"),
+    ],
+)
 def test_verdict(frozen, trained, start):
     diff = [t - f for f, t in zip(frozen, trained)]
     assert summ.verdict(diff, frozen, trained).startswith(start)
@@ -186,11 +241,18 @@ def test_verdict(frozen, trained, start):
 
 def test_examples_are_the_first_better_worse_and_same_in_test_order():
     def item(n, before=None, after=None):
-        return {"n": n, **({"frozen_score": before, "trained_score": after} if before is not None
-                           else {})}
+        return {
+            "n": n,
+            **({"frozen_score": before, "trained_score": after} if before is not None else {}),
+        }
 
-    changed = [item(0, 0.5, 0.5), item(1, 0.5, 0.5), item(2, 0.0, 1.0), item(3, 1.0, 0.0),
-               item(4, 0.0, 1.0)]
+    changed = [
+        item(0, 0.5, 0.5),
+        item(1, 0.5, 0.5),
+        item(2, 0.0, 1.0),
+        item(3, 1.0, 0.0),
+        item(4, 0.0, 1.0),
+    ]
     assert [i["n"] for i in summ.pick_examples(changed)] == [0, 2, 3]
     only_better = [item(0, 0.0, 1.0), item(1, 0.0, 0.5), item(2, 0.5, 1.0), item(3, 0.0, 1.0)]
     assert [i["n"] for i in summ.pick_examples(only_better)] == [0, 1, 2]

@@ -52,15 +52,21 @@ def _penalties(task: Task, pool: list[Example], predictions: list[str]) -> Any:
         potential = make_potential("task", task)
     except ConfigError as err:  # a task without a task potential: its error is part of the record
         return type(err).__name__
-    return [[potential.prefix(ex, p[: len(p) // 2]), *potential.complete(ex, [p])]
-            for ex, p in zip(pool, predictions)]
+    return [
+        [potential.prefix(ex, p[: len(p) // 2]), *potential.complete(ex, [p])]
+        for ex, p in zip(pool, predictions)
+    ]
 
 
 def snapshot(task: Task) -> dict[str, Any]:
     """What the task produces on its bundled samples, in a form that diffs well."""
     splits = task.splits()
-    parts = {"train": splits.train, "dev": splits.dev, "fewshot": splits.fewshot,
-             "test_pool": splits.test_pool}
+    parts = {
+        "train": splits.train,
+        "dev": splits.dev,
+        "fewshot": splits.fewshot,
+        "test_pool": splits.test_pool,
+    }
     pool = splits.test_pool
     predictions = _predictions(pool)
     scores = task.score(predictions, pool)
@@ -71,23 +77,38 @@ def snapshot(task: Task) -> dict[str, Any]:
         except ValueError as err:
             return f"ValueError: {err}"
 
-    return _plain({
-        "name": task.name,
-        "metric_name": task.metric_name,
-        "splits": {k: {"size": len(v), "digest": _digest(_plain([(e.uid, e.input, e.target)
-                                                                 for e in v]))}
-                   for k, v in parts.items()},
-        "skipped": splits.skipped,
-        "grammar": task.grammar(),
-        "prompts": [{"forward": task.forward_messages(ex),
-                     "reverse": task.reverse_messages(ex.target)} for ex in pool[:PROMPTED]],
-        "prompt_digests": [_digest(_plain([task.forward_messages(ex),
-                                           task.reverse_messages(ex.target)])) for ex in pool],
-        "parses": [parsed(p) for p in predictions],
-        "scores": {"metric": scores.metric, "value": scores.value, "validity": scores.validity,
-                   "per_example": scores.per_example, "details": scores.details},
-        "task_potential": _penalties(task, pool, predictions),
-    })
+    return _plain(
+        {
+            "name": task.name,
+            "metric_name": task.metric_name,
+            "splits": {
+                k: {
+                    "size": len(v),
+                    "digest": _digest(_plain([(e.uid, e.input, e.target) for e in v])),
+                }
+                for k, v in parts.items()
+            },
+            "skipped": splits.skipped,
+            "grammar": task.grammar(),
+            "prompts": [
+                {"forward": task.forward_messages(ex), "reverse": task.reverse_messages(ex.target)}
+                for ex in pool[:PROMPTED]
+            ],
+            "prompt_digests": [
+                _digest(_plain([task.forward_messages(ex), task.reverse_messages(ex.target)]))
+                for ex in pool
+            ],
+            "parses": [parsed(p) for p in predictions],
+            "scores": {
+                "metric": scores.metric,
+                "value": scores.value,
+                "validity": scores.validity,
+                "per_example": scores.per_example,
+                "details": scores.details,
+            },
+            "task_potential": _penalties(task, pool, predictions),
+        }
+    )
 
 
 def _load(name: str) -> Task:
@@ -105,6 +126,14 @@ def test_built_in_task_matches_its_record(name):
 
 if __name__ == "__main__":
     RECORDS.parent.mkdir(exist_ok=True)
-    RECORDS.write_text(json.dumps({n: snapshot(_load(n)) for n in RECORDED_TASKS}, indent=1,
-                                  ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+    RECORDS.write_text(
+        json.dumps(
+            {n: snapshot(_load(n)) for n in RECORDED_TASKS},
+            indent=1,
+            ensure_ascii=False,
+            sort_keys=True,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     print(f"wrote {RECORDS}")

@@ -42,11 +42,17 @@ def test_only_tasks_with_a_search_penalty_offer_the_task_potential():
     assert {"conll", "gloss"} <= offered and "wos" not in offered
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["task._target_=grammarrl.tasks.nope.NopeTask"], r"task\._target_='grammarrl\.tasks\.nope"),
-    (["task._target_=grammarrl.types.Example"], r"is not a grammarrl\.tasks\.base\.Task"),
-    (["task=conll", "task.name=ner"], r"task\.name='ner' is invalid for task=conll"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["task._target_=grammarrl.tasks.nope.NopeTask"],
+            r"task\._target_='grammarrl\.tasks\.nope",
+        ),
+        (["task._target_=grammarrl.types.Example"], r"is not a grammarrl\.tasks\.base\.Task"),
+        (["task=conll", "task.name=ner"], r"task\.name='ner' is invalid for task=conll"),
+    ],
+)
 def test_bad_task_class_or_name_fails_validation(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(compose_config(overrides))
@@ -54,8 +60,10 @@ def test_bad_task_class_or_name_fails_validation(overrides, message):
 
 def test_the_data_layer_does_not_import_the_tasks():
     """grammarrl.data is below grammarrl.tasks: importing every data module loads no task."""
-    code = ("import sys, pkgutil, importlib, grammarrl.data as d\n"
-            "for m in pkgutil.iter_modules(d.__path__): importlib.import_module(f'grammarrl.data.{m.name}')\n"
-            "print(sorted(n for n in sys.modules if n.startswith('grammarrl.tasks')))")
+    code = (
+        "import sys, pkgutil, importlib, grammarrl.data as d\n"
+        "for m in pkgutil.iter_modules(d.__path__): importlib.import_module(f'grammarrl.data.{m.name}')\n"
+        "print(sorted(n for n in sys.modules if n.startswith('grammarrl.tasks')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

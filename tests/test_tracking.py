@@ -20,9 +20,22 @@ def run_job(run_dir: Path, *overrides: str) -> Path:
     env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
     env.update(OMP_NUM_THREADS="1", WANDB_MODE="offline")
     done = subprocess.run(
-        [sys.executable, "-m", "grammarrl.run", "+experiment=tiny_scale", "logger=wandb",
-         "trainer.max_steps=2", f"hydra.run.dir={run_dir}", *overrides],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "grammarrl.run",
+            "+experiment=tiny_scale",
+            "logger=wandb",
+            "trainer.max_steps=2",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (wandb_run,) = (run_dir / "wandb").glob("offline-run-*")
     return wandb_run
@@ -32,13 +45,11 @@ def run_job(run_dir: Path, *overrides: str) -> Path:
 def train_and_eval(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """mode -> (run dir, offline W&B run folder) for one train and one eval job."""
     root = tmp_path_factory.mktemp("wandb")
-    return {mode: (root / mode, run_job(root / mode, f"mode={mode}"))
-            for mode in ("train", "eval")}
+    return {mode: (root / mode, run_job(root / mode, f"mode={mode}")) for mode in ("train", "eval")}
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_job_logs_its_config_tags_results_and_predictions(train_and_eval, read_wandb_offline,
-                                                          mode):
+def test_job_logs_its_config_tags_results_and_predictions(train_and_eval, read_wandb_offline, mode):
     run_dir, wandb_run = train_and_eval[mode]
     logged = read_wandb_offline(wandb_run)
     results = json.loads((run_dir / "results.json").read_text())

@@ -12,11 +12,21 @@ from safetensors.torch import load_file
 from tests.conftest import compose_config, train_in
 
 TINY_TRAIN = [
-    "model=tiny", "task=conll", "data.dir=null", "logger=none",
-    "trainer.max_steps=3", "optim.batch_size=2", "optim.lr=1e-3",
-    "task.max_new_tokens=64", "task.dev_size=2",
-    "trainer.val_check_interval=2", "train.val_size=2", "train.checkpoint_every_n_steps=2",
-    "eval.num_test_sets=2", "eval.test_size=2", "eval.batch_size=4",
+    "model=tiny",
+    "task=conll",
+    "data.dir=null",
+    "logger=none",
+    "trainer.max_steps=3",
+    "optim.batch_size=2",
+    "optim.lr=1e-3",
+    "task.max_new_tokens=64",
+    "task.dev_size=2",
+    "trainer.val_check_interval=2",
+    "train.val_size=2",
+    "train.checkpoint_every_n_steps=2",
+    "eval.num_test_sets=2",
+    "eval.test_size=2",
+    "eval.batch_size=4",
 ]
 
 
@@ -24,8 +34,13 @@ TINY_TRAIN = [
 def trained(tmp_path_factory):
     """Train in a scratch working directory (run dirs go under ./outputs), calibrating first."""
     work = tmp_path_factory.mktemp("work")
-    cfg = compose_config([*TINY_TRAIN, f"reward.calibration_file={work}/calibration.json",
-                          "train.eval_baseline=true"])
+    cfg = compose_config(
+        [
+            *TINY_TRAIN,
+            f"reward.calibration_file={work}/calibration.json",
+            "train.eval_baseline=true",
+        ]
+    )
     out, results = train_in(work, cfg)
     return work, out, results
 

@@ -33,7 +33,7 @@ MINILM = "all-MiniLM-L6-v2"
 MINILM_PACKAGE = "all_minilm_l6_v2"
 # Query instructions recommended by the embedders' authors (documents are embedded as is).
 QUERY_PROMPTS = {
-    "mixedbread-ai/mxbai-embed-large-v1": "Represent this sentence for searching relevant passages: ",
+    "mixedbread-ai/mxbai-embed-large-v1": "Represent this sentence for searching relevant passages: "
 }
 
 

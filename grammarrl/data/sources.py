@@ -72,9 +72,12 @@ def data_root(dir_value: str | Path | None) -> Path:
 @functools.cache
 def _note_samples() -> None:
     """Say once per process that the bundled samples stand in for real data."""
-    log.warning("No data directory set (data.dir, or GRAMMARRL_DATA_DIR): using the bundled "
-                "samples in %s, a few dozen examples per task for smoke tests; their numbers "
-                "say nothing about the method", SAMPLES_DIR)
+    log.warning(
+        "No data directory set (data.dir, or GRAMMARRL_DATA_DIR): using the bundled "
+        "samples in %s, a few dozen examples per task for smoke tests; their numbers "
+        "say nothing about the method",
+        SAMPLES_DIR,
+    )
 
 
 def task_dir(root: Path, name: str, task: str) -> Path:

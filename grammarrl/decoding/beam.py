@@ -38,9 +38,9 @@ def insort(group: BeamGroup, gen: Generation) -> None:
     finished.insert(pos, gen)
 
 
-def beam_candidates(dist: StepDistribution, rows: list[Row], beam_width: int,
-                    device: torch.device
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]] | None:
+def beam_candidates(
+    dist: StepDistribution, rows: list[Row], beam_width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]] | None:
     """Per beam group (prompt), its 2·B best (beam, token) extensions by summed
     constrained log-prob: rows [G·k], tokens [G·k], scores [G·k] and the groups' prompts;
     None without beam rows."""
@@ -55,8 +55,11 @@ def beam_candidates(dist: StepDistribution, rows: list[Row], beam_width: int,
     slots = max(len(v) for v in by_prompt.values())
     grid = [by_prompt[p] + [-1] * (slots - len(by_prompt[p])) for p in order]
     safe = torch.tensor(grid, device=device).clamp(min=0)  # [G, slots] row index
-    scores = torch.tensor([[rows[i].score if i >= 0 else NEG_INF for i in g] for g in grid],
-                          device=device, dtype=torch.float32)  # [G, slots]
+    scores = torch.tensor(
+        [[rows[i].score if i >= 0 else NEG_INF for i in g] for g in grid],
+        device=device,
+        dtype=torch.float32,
+    )  # [G, slots]
     logp_c = dist.masked[safe] - dist.lse_safe[safe].unsqueeze(-1)  # [G, slots, V]
     cand = (scores.unsqueeze(-1) + logp_c).view(len(order), -1)  # [G, slots·V]
     values, flat = cand.topk(min(2 * beam_width, cand.shape[1]), dim=-1)  # [G, k]

@@ -23,8 +23,9 @@ class CopiedPromptCache:
     def __init__(self, caches: list[DynamicCache], lengths: list[int], repeats: list[int]):
         width = max(lengths)
         self.cache = assemble(caches, lengths, repeats)
-        self.pads = [width - length for length, repeat in zip(lengths, repeats)
-                     for _ in range(repeat)]
+        self.pads = [
+            width - length for length, repeat in zip(lengths, repeats) for _ in range(repeat)
+        ]
 
     def attention_mask(self, device: torch.device) -> torch.Tensor:
         """The 2D mask of the next step (cached columns and the new one; padding off)."""
@@ -98,8 +99,9 @@ def reorder_suffix(cache: DynamicCache, index: torch.Tensor, columns: int) -> bo
     return True
 
 
-def plan_cache_update(old_prompts: list[int], new_prompts: list[int], sources: list[int],
-                      trim: int) -> str:
+def plan_cache_update(
+    old_prompts: list[int], new_prompts: list[int], sources: list[int], trim: int
+) -> str:
     """How the batched cache must change between steps, given each slot's prompt before and
     after and the slot each new row continues (`sources`):
 

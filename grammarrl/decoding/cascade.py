@@ -64,12 +64,16 @@ def _cascade_attention_forward(
     `SharedPromptCache.update` returned); the prompt KV comes from the cache itself."""
     cache = kwargs.get(CACHE_KWARG)
     if cache is None:
-        raise RuntimeError(f"{ATTENTION_NAME} attention runs only with a SharedPromptCache "
-                           f"passed as `{CACHE_KWARG}` (decode steps of the constrained decoder)")
+        raise RuntimeError(
+            f"{ATTENTION_NAME} attention runs only with a SharedPromptCache "
+            f"passed as `{CACHE_KWARG}` (decode steps of the constrained decoder)"
+        )
     extra = [k for k in _NOT_SUPPORTED if kwargs.get(k) is not None]
     if extra:
-        raise RuntimeError(f"{ATTENTION_NAME} attention supports plain causal attention only, "
-                           f"not {', '.join(extra)}")
+        raise RuntimeError(
+            f"{ATTENTION_NAME} attention supports plain causal attention only, "
+            f"not {', '.join(extra)}"
+        )
     if dropout:
         raise RuntimeError(f"{ATTENTION_NAME} attention is for inference (dropout must be 0)")
     scale = module.head_dim**-0.5 if scaling is None else scaling
@@ -137,17 +141,25 @@ except (AttributeError, RuntimeError):
 _CPU_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       mask: torch.Tensor | None, scale: float, exact_fp32: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    exact_fp32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention and its log-sum-exp: (out [B, H, Q, D] float32, lse [B, H, Q] float32)
     for query [B, H, Q, D], key / value [B, H, K, D] and an additive mask broadcastable to
     [B, H, Q, K]. On CPU torch's flash-attention kernel (it returns the log-sum-exp); elsewhere,
     or with `exact_fp32`, an explicit float32 computation."""
-    if _CPU_FLASH is not None and query.device.type == "cpu" and not exact_fp32 and (
-            query.dtype in _CPU_FLASH_DTYPES):
-        out, lse = _CPU_FLASH(
-            query, key, value, 0.0, False, attn_mask=mask, scale=scale)
+    if (
+        _CPU_FLASH is not None
+        and query.device.type == "cpu"
+        and not exact_fp32
+        and (query.dtype in _CPU_FLASH_DTYPES)
+    ):
+        out, lse = _CPU_FLASH(query, key, value, 0.0, False, attn_mask=mask, scale=scale)
         return out.float(), lse.float()
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
     if mask is not None:
@@ -157,13 +169,15 @@ def attention_with_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     return out, lse
 
 
-def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                 lse_b: torch.Tensor) -> torch.Tensor:
+def merge_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
     """The attention over the union of two disjoint key sets from the attention over each
     (float32 outputs [..., D] and their log-sum-exps [...])."""
     lse = torch.logaddexp(lse_a, lse_b)
-    return (out_a * torch.exp(lse_a - lse).unsqueeze(-1)
-            + out_b * torch.exp(lse_b - lse).unsqueeze(-1))
+    return out_a * torch.exp(lse_a - lse).unsqueeze(-1) + out_b * torch.exp(lse_b - lse).unsqueeze(
+        -1
+    )
 
 
 class SharedPromptCache:
@@ -177,8 +191,9 @@ class SharedPromptCache:
 
     exact_fp32 = False  # tests: force the explicit float32 attention on CPU too
 
-    def __init__(self, prompt_kv: list[list[tuple[torch.Tensor, torch.Tensor]]],
-                 capacity: int = 32):
+    def __init__(
+        self, prompt_kv: list[list[tuple[torch.Tensor, torch.Tensor]]], capacity: int = 32
+    ):
         if not prompt_kv:
             raise ValueError("no prompts")
         self.num_layers = len(prompt_kv[0])
@@ -218,11 +233,13 @@ class SharedPromptCache:
                     self.prefix_keys.append(keys)
                     self.prefix_values.append(values)
         else:  # keep a subset of the stacked slots
-            index = torch.tensor([previous.index(p) for p in slots],
-                                 device=self.prefix_keys[0].device)
+            index = torch.tensor(
+                [previous.index(p) for p in slots], device=self.prefix_keys[0].device
+            )
             self.prefix_keys = [k[:, :, :width].index_select(0, index) for k in self.prefix_keys]
-            self.prefix_values = [v[:, :, :width].index_select(0, index)
-                                  for v in self.prefix_values]
+            self.prefix_values = [
+                v[:, :, :width].index_select(0, index) for v in self.prefix_values
+            ]
         self._slots = list(slots)
         lengths = [self.lengths[p] for p in slots]
         self.prefix_mask = None
@@ -276,8 +293,14 @@ class SharedPromptCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths[p] for p in self._slots) + self.filled[layer_idx]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append one decode step's keys and values ([rows, kv_heads, 1, dim]); returns the rows'
         generated keys and values so far (views [rows, kv_heads, filled, dim])."""
         if key_states.shape[2] != 1:
@@ -299,8 +322,14 @@ class SharedPromptCache:
         self.filled[layer_idx] = n + 1
         return keys[:, :, : n + 1], values[:, :, : n + 1]
 
-    def attend(self, layer_idx: int, query: torch.Tensor, row_keys: torch.Tensor,
-               row_values: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        row_keys: torch.Tensor,
+        row_values: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         """Attention output [rows, 1, heads, dim] of queries [rows, heads, 1, dim] over each
         row's prompt KV and its own generated KV."""
         rows, heads, q_len, dim = query.shape
@@ -317,15 +346,23 @@ class SharedPromptCache:
         grouped = q if self._gather is None else q.index_select(0, self._gather)
         grouped = grouped.reshape(slots, per_slot, kv_heads, group, dim).transpose(1, 2)
         grouped = grouped.reshape(slots, kv_heads, per_slot * group, dim)
-        out_p, lse_p = attention_with_lse(grouped, self.prefix_keys[layer_idx],
-                                          self.prefix_values[layer_idx], self.prefix_mask,
-                                          scale, exact)
+        out_p, lse_p = attention_with_lse(
+            grouped,
+            self.prefix_keys[layer_idx],
+            self.prefix_values[layer_idx],
+            self.prefix_mask,
+            scale,
+            exact,
+        )
         out_p = out_p.reshape(slots, kv_heads, per_slot, group, dim).transpose(1, 2)
         out_p = out_p.reshape(slots * per_slot, kv_heads, group, dim)
         lse_p = lse_p.reshape(slots, kv_heads, per_slot, group).transpose(1, 2)
         lse_p = lse_p.reshape(slots * per_slot, kv_heads, group)
         if self._scatter is not None:
-            out_p, lse_p = out_p.index_select(0, self._scatter), lse_p.index_select(0, self._scatter)
+            out_p, lse_p = (
+                out_p.index_select(0, self._scatter),
+                lse_p.index_select(0, self._scatter),
+            )
 
         out = merge_states(out_p, lse_p, out_r, lse_r)
         return out.to(query.dtype).reshape(rows, 1, heads, dim)

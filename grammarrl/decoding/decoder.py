@@ -112,8 +112,9 @@ class ConstrainedDecoder(ModelForward):
         )
         return [o.samples for o in outs]
 
-    def beam(self, prompts: list[list[int]], beam_width: int, length_penalty: float = 0.0
-             ) -> list[BeamResult]:
+    def beam(
+        self, prompts: list[list[int]], beam_width: int, length_penalty: float = 0.0
+    ) -> list[BeamResult]:
         """Constrained beam search; finished hypotheses are ranked by summed constrained
         log-prob / length**length_penalty (0: the plain sum; HF `generate` defaults to 1)."""
         outs = self._decode(prompts, beam_width=beam_width, length_penalty=length_penalty)
@@ -160,21 +161,23 @@ class ConstrainedDecoder(ModelForward):
         if not prompts:
             return []
         with self.inference():
-            return self._loop(prompts, greedy, num_samples, beam_width, temperature, generator,
-                              length_penalty)
+            return self._loop(
+                prompts, greedy, num_samples, beam_width, temperature, generator, length_penalty
+            )
 
-    def _loop(self, prompts, greedy, num_samples, beam_width, temperature, generator,
-              length_penalty) -> list[_Outputs]:
+    def _loop(
+        self, prompts, greedy, num_samples, beam_width, temperature, generator, length_penalty
+    ) -> list[_Outputs]:
         """Prefill, then step until every row has ended: mask, choose each row's next token(s)
         by its rule, let the rows take them, reorder the cache for the survivors."""
-        rows, groups = self._initial_rows(prompts, greedy, num_samples, beam_width,
-                                          length_penalty)
+        rows, groups = self._initial_rows(prompts, greedy, num_samples, beam_width, length_penalty)
         logits, kv = self.start(prompts, len(rows) // len(prompts))
         outputs = [_Outputs([], [None] * num_samples, None) for _ in prompts]
         while rows:
             dist = self.distribution(logits, [r.matcher for r in rows])
-            table, n_plain, beam_prompts = self._choose(dist, rows, temperature, generator,
-                                                        beam_width)
+            table, n_plain, beam_prompts = self._choose(
+                dist, rows, temperature, generator, beam_width
+            )
             new_rows, new_src = self._continue_plain(outputs, rows, table[:n_plain])
             per_group = (len(table) - n_plain) // max(len(beam_prompts), 1)
             for g, p in enumerate(beam_prompts):
@@ -189,8 +192,9 @@ class ConstrainedDecoder(ModelForward):
                 self._close_group(outputs, group, [])
         return outputs
 
-    def _initial_rows(self, prompts, greedy, num_samples, beam_width, length_penalty
-                      ) -> tuple[list[Row], dict[int, BeamGroup]]:
+    def _initial_rows(
+        self, prompts, greedy, num_samples, beam_width, length_penalty
+    ) -> tuple[list[Row], dict[int, BeamGroup]]:
         """The rows of each prompt, consecutive (greedy, samples, beam), and its beam group."""
         rows: list[Row] = []
         groups: dict[int, BeamGroup] = {}
@@ -202,9 +206,14 @@ class ConstrainedDecoder(ModelForward):
                 groups[p] = BeamGroup(p, beam_width, length_penalty)
         return rows, groups
 
-    def _choose(self, dist: StepDistribution, rows: list[Row], temperature: float,
-                generator: torch.Generator | None, beam_width: int
-                ) -> tuple[list[list[float]], int, list[int]]:
+    def _choose(
+        self,
+        dist: StepDistribution,
+        rows: list[Row],
+        temperature: float,
+        generator: torch.Generator | None,
+        beam_width: int,
+    ) -> tuple[list[list[float]], int, list[int]]:
         """Each row's next token by its rule: the step's one host-side table, a line per
         chosen (row, token): [row index, token, logp_unconstrained, logp_constrained,
         log_allowed_mass(, beam score)]. Greedy then sample rows first (one line each; their
@@ -235,9 +244,9 @@ class ConstrainedDecoder(ModelForward):
         table = torch.stack([c.double() for c in columns], dim=1).tolist()  # the one host sync
         return table, len(greedy_idx) + len(sample_idx), beam[3] if beam is not None else []
 
-
-    def _continue_plain(self, outputs, rows: list[Row], entries: list[list[float]]
-                        ) -> tuple[list[Row], list[int]]:
+    def _continue_plain(
+        self, outputs, rows: list[Row], entries: list[list[float]]
+    ) -> tuple[list[Row], list[int]]:
         """Greedy and sample rows take their tokens; the ended ones are emitted. Returns the
         live rows and, for each, the index of the row (cache slot) it continues."""
         new_rows: list[Row] = []
@@ -250,8 +259,13 @@ class ConstrainedDecoder(ModelForward):
                 new_rows.append(row)
                 new_src.append(i)
             else:
-                self._emit(outputs, row, finished=outcome == FINISHED,
-                           truncated=outcome == TRUNCATED, error=error)
+                self._emit(
+                    outputs,
+                    row,
+                    finished=outcome == FINISHED,
+                    truncated=outcome == TRUNCATED,
+                    error=error,
+                )
         return new_rows, new_src
 
     # ------------------------------------------------------------------ the step interface
@@ -264,14 +278,21 @@ class ConstrainedDecoder(ModelForward):
             self._masks = MaskComputer(self.grammar, logits.shape[1], self.device)
         return StepDistribution.of(logits, self._masks.allowed(matchers))  # mask [R, V] bool
 
-    def take(self, row: Row, token: int, logp_unconstrained: float, logp_constrained: float,
-             log_allowed_mass: float) -> tuple[str, str | None]:
+    def take(
+        self,
+        row: Row,
+        token: int,
+        logp_unconstrained: float,
+        logp_constrained: float,
+        log_allowed_mass: float,
+    ) -> tuple[str, str | None]:
         """`row` takes `token` and its matcher advances. Returns (outcome, error): DEAD (a
         dead end: nothing allowed, or only an unaccepted end token; the token is not taken),
         FINISHED (the end token), ERROR (the matcher refused it), TRUNCATED (max_new_tokens
         reached and the grammar not complete), or LIVE."""
         if log_allowed_mass == NEG_INF or (
-                token == self.stop_token_id and not row.matcher.is_accepting()):
+            token == self.stop_token_id and not row.matcher.is_accepting()
+        ):
             return DEAD, dead_end_reason(row)
         row.push(token, logp_unconstrained, logp_constrained, log_allowed_mass)
         if token == self.stop_token_id:
@@ -282,8 +303,15 @@ class ConstrainedDecoder(ModelForward):
             return TRUNCATED, None
         return LIVE, None
 
-    def _beam_step(self, outputs, group: BeamGroup, entries: list[list[float]], rows: list[Row],
-                   new_rows: list[Row], new_src: list[int]) -> None:
+    def _beam_step(
+        self,
+        outputs,
+        group: BeamGroup,
+        entries: list[list[float]],
+        rows: list[Row],
+        new_rows: list[Row],
+        new_src: list[int],
+    ) -> None:
         """One prompt's beam: end-token candidates among the best B become finished hypotheses;
         the B best other extensions fork their parents' rows (appended to `new_rows`)."""
         stop, max_new, width = self.stop_token_id, self.max_new_tokens, group.width
@@ -305,9 +333,12 @@ class ConstrainedDecoder(ModelForward):
         finished = group.finished
         # Done when no live beam can still beat the width-th finished one (HF's heuristic: the
         # best live score at its current length).
-        if not extensions or len(finished) >= width and group.score(
-            extensions[0][5], len(rows[extensions[0][0]].tokens) + 1
-        ) <= rank(group, finished[width - 1]):
+        if (
+            not extensions
+            or len(finished) >= width
+            and group.score(extensions[0][5], len(rows[extensions[0][0]].tokens) + 1)
+            <= rank(group, finished[width - 1])
+        ):
             self._close_group(outputs, group, [])
             return
         children = fork(rows, extensions)  # each child's token not yet consumed
@@ -329,7 +360,6 @@ class ConstrainedDecoder(ModelForward):
         for i, child in live:
             new_rows.append(child)
             new_src.append(i)
-
 
     def _close_group(self, outputs, group: BeamGroup, truncated: list[Row]) -> None:
         if group.result is not None:

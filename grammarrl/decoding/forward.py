@@ -38,8 +38,9 @@ class ModelForward:
     """Prefill and decode steps of `model` over a batch of rows, their KV cache laid out by
     `share_prefix` and `cascade` (see `ConstrainedDecoder`)."""
 
-    def __init__(self, model: torch.nn.Module, max_new_tokens: int, share_prefix: bool,
-                 cascade: bool | None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, max_new_tokens: int, share_prefix: bool, cascade: bool | None
+    ) -> None:
         self.model = model
         self.max_new_tokens = int(max_new_tokens)
         self._configs: list | None = None  # the model's configs, for the attention switch
@@ -122,16 +123,21 @@ class ModelForward:
         _, cache = self._prefill(first[:shared])
         return shared, layer_tensors(cache)
 
-    def advance(self, kv, rows: list[Row], new_rows: list[Row], sources: list[int]
-                ) -> torch.Tensor:
+    def advance(self, kv, rows: list[Row], new_rows: list[Row], sources: list[int]) -> torch.Tensor:
         """The next step: new row i continues `rows[sources[i]]` (rows dropped, reordered or
         forked); the cache follows, then one decode step. The new rows' logits [R', V]."""
-        self._reorder(kv, [r.prompt for r in rows], [r.prompt for r in new_rows], sources,
-                      len(new_rows[0].tokens) - 1)
+        self._reorder(
+            kv,
+            [r.prompt for r in rows],
+            [r.prompt for r in new_rows],
+            sources,
+            len(new_rows[0].tokens) - 1,
+        )
         return self._step(kv, new_rows)
 
-    def start(self, prompts: list[list[int]], rows_per_prompt: int
-               ) -> tuple[torch.Tensor, SharedPromptCache | CopiedPromptCache]:
+    def start(
+        self, prompts: list[list[int]], rows_per_prompt: int
+    ) -> tuple[torch.Tensor, SharedPromptCache | CopiedPromptCache]:
         """Prefill the prompts: the first logits of every row (rows of a prompt consecutive,
         `rows_per_prompt` each) and the batch's KV cache. With prefix sharing each prompt is run
         once (a common prefix of the prompts once in all) and its KV kept once (cascade) or
@@ -151,8 +157,9 @@ class ModelForward:
         if not self._use_cascade():
             return logits, CopiedPromptCache(caches, lengths, repeats)
         self._configs = model_configs(self.model)
-        kv = SharedPromptCache([layer_tensors(c) for c in caches],
-                               capacity=min(self.max_new_tokens + 1, 64))
+        kv = SharedPromptCache(
+            [layer_tensors(c) for c in caches], capacity=min(self.max_new_tokens + 1, 64)
+        )
         kv.select([p for p in range(len(prompts)) for _ in range(rows_per_prompt)])
         return logits, kv
 
@@ -161,12 +168,15 @@ class ModelForward:
             return False
         supported = supports_cascade(self.model)
         if self.cascade and not supported:
-            raise ValueError("cascade=True, but the model's attention cannot be replaced by "
-                             "cascade attention (see grammarrl/decoding/cascade.py)")
+            raise ValueError(
+                "cascade=True, but the model's attention cannot be replaced by "
+                "cascade attention (see grammarrl/decoding/cascade.py)"
+            )
         return supported
 
-    def _reorder(self, kv, old_prompts: list[int], new_prompts: list[int], sources: list[int],
-                 generated: int) -> None:
+    def _reorder(
+        self, kv, old_prompts: list[int], new_prompts: list[int], sources: list[int], generated: int
+    ) -> None:
         """Rows of the next step: new row i continues old row `sources[i]` (dropped, reordered
         or forked rows); `generated` = tokens already in the cache per row."""
         if isinstance(kv, SharedPromptCache):
@@ -178,7 +188,8 @@ class ModelForward:
         plan = plan_cache_update(old_prompts, new_prompts, sources, trim)
         device = self.device
         if plan == "suffix" and not reorder_suffix(
-                kv.cache, torch.tensor(sources, device=device), generated):
+            kv.cache, torch.tensor(sources, device=device), generated
+        ):
             plan = "rows"
         if plan == "rows" or trim:
             index = None if plan == "keep" else torch.tensor(sources, device=device)
@@ -194,6 +205,5 @@ class ModelForward:
             with cascade_attention(self._configs):
                 logits, _ = self._forward(input_ids, None, positions, kv, **{CACHE_KWARG: kv})
             return logits
-        logits, kv.cache = self._forward(input_ids, kv.attention_mask(device), positions,
-                                         kv.cache)
+        logits, kv.cache = self._forward(input_ids, kv.attention_mask(device), positions, kv.cache)
         return logits

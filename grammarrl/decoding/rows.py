@@ -54,8 +54,13 @@ class Row:
         row.score = self.score
         return row
 
-    def push(self, token: int, logp_unconstrained: float, logp_constrained: float,
-             log_allowed_mass: float) -> None:
+    def push(
+        self,
+        token: int,
+        logp_unconstrained: float,
+        logp_constrained: float,
+        log_allowed_mass: float,
+    ) -> None:
         self.tokens.append(token)
         self.logp_unconstrained.append(logp_unconstrained)
         self.logp_constrained.append(logp_constrained)
@@ -78,11 +83,17 @@ class StepDistribution:
     def of(cls, logits: torch.Tensor, allowed: torch.Tensor) -> StepDistribution:
         masked = torch.where(allowed, logits, NEG_INF)
         lse_allowed = torch.logsumexp(masked, dim=-1)
-        return cls(logits, masked, torch.logsumexp(logits, dim=-1), lse_allowed,
-                   torch.where(lse_allowed.isfinite(), lse_allowed, 0.0))
+        return cls(
+            logits,
+            masked,
+            torch.logsumexp(logits, dim=-1),
+            lse_allowed,
+            torch.where(lse_allowed.isfinite(), lse_allowed, 0.0),
+        )
 
-    def proposal(self, temperature: float, index: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def proposal(
+        self, temperature: float, index: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampling distribution of the rows `index` (all: None) at `temperature`: masked
         logits [r, V] / T and their log normaliser [r] (0 for dead rows)."""
         sub = self.masked if index is None else self.masked.index_select(0, index)
@@ -92,8 +103,9 @@ class StepDistribution:
         log_norm = torch.logsumexp(sub, dim=-1)
         return sub, torch.where(log_norm.isfinite(), log_norm, 0.0)
 
-    def token_logps(self, rows: torch.Tensor, tokens: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def token_logps(
+        self, rows: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per chosen (row, token) [K]: unconstrained and constrained log-probs, log allowed mass."""
         chosen = self.logits[rows, tokens]
         lse_all, lse_allowed = self.lse_all[rows], self.lse_allowed[rows]

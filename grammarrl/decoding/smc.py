@@ -124,8 +124,16 @@ def smc(
     if not prompts:
         return []
     with decoder.inference():
-        return _Loop(decoder, prompts, num_particles, twist, ess_threshold, temperature,
-                     generator, resample_generator).run()
+        return _Loop(
+            decoder,
+            prompts,
+            num_particles,
+            twist,
+            ess_threshold,
+            temperature,
+            generator,
+            resample_generator,
+        ).run()
 
 
 class _Loop:
@@ -152,21 +160,25 @@ class _Loop:
         the ESS is too low, and continue the survivors' cache rows."""
         dec = self.decoder
         self.population: list[list[_Particle]] = [
-            [_Particle(Row(p, SAMPLE, j, dec.grammar.matcher(), len(prompt)))
-             for j in range(self.n)]
-            for p, prompt in enumerate(self.prompts)]
+            [
+                _Particle(Row(p, SAMPLE, j, dec.grammar.matcher(), len(prompt)))
+                for j in range(self.n)
+            ]
+            for p, prompt in enumerate(self.prompts)
+        ]
         live = [pt for group in self.population for pt in group]
         logits, kv = dec.start(self.prompts, self.n)
         while live:
-            completed = self._extend(live, dec.distribution(logits, [pt.row.matcher for pt in live]))
+            completed = self._extend(
+                live, dec.distribution(logits, [pt.row.matcher for pt in live])
+            )
             if self.twist is not None and not self.defer:
                 for p, done in completed.items():
                     self._retwist_all(done, self.twist.complete(p, [pt.gen.text for pt in done]))
             new_live, new_src = self._next_population(live)
             if not new_live:
                 break
-            logits = dec.advance(kv, [pt.row for pt in live], [pt.row for pt in new_live],
-                                 new_src)
+            logits = dec.advance(kv, [pt.row for pt in live], [pt.row for pt in new_live], new_src)
             live = new_live
         if self.defer:
             for p, group in enumerate(self.population):
@@ -207,8 +219,9 @@ class _Loop:
                 completed.setdefault(pt.row.prompt, []).append(pt)
                 continue
             if self.on_prefix:
-                self._retwist(pt, self.twist.prefix(pt.row.prompt,
-                                                    dec.grammar.decode(pt.row.tokens)))
+                self._retwist(
+                    pt, self.twist.prefix(pt.row.prompt, dec.grammar.decode(pt.row.tokens))
+                )
             if outcome == TRUNCATED:
                 self._finish(pt, False, True)
         return completed

@@ -91,8 +91,11 @@ def search_examples(
     group), in length-sorted batches; also returns the seconds spent in the potential."""
     from tqdm.auto import tqdm
 
-    method, particles, batch_size = (str(settings.method), int(settings.particles),
-                                     int(settings.batch_size))
+    method, particles, batch_size = (
+        str(settings.method),
+        int(settings.particles),
+        int(settings.batch_size),
+    )
     unique, prompts, order = distinct_prompts(tokenizer, task, examples)
     generator = torch.Generator().manual_seed(seed)
     resample_generator = torch.Generator().manual_seed(seed + 1)
@@ -143,21 +146,29 @@ def search(
     all_examples = [ex for test_set in test_sets for ex in test_set]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
 
-    greedy = (_greedy_baseline(decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress)
-              if settings.greedy_baseline else None)
+    greedy = (
+        _greedy_baseline(decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress)
+        if settings.greedy_baseline
+        else None
+    )
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
-        decoder, tokenizer, task, all_examples, potential, settings, int(cfg.seed), progress)
+        decoder, tokenizer, task, all_examples, potential, settings, int(cfg.seed), progress
+    )
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
     potential_tokens = potential.forward_tokens
 
     picks = _Selections(task, populations, method, int(settings.posterior_draws), int(cfg.seed))
     selected = picks.selected()
-    rewards = (output_rewards(model, tokenizer, task, all_examples, selected, progress)
-               if cfg.eval.score_rewards else None)
-    scores, per_set, rows = score_test_sets(task, test_sets, selected, rewards, picks.set_fields,
-                                            picks.row_fields)
+    rewards = (
+        output_rewards(model, tokenizer, task, all_examples, selected, progress)
+        if cfg.eval.score_rewards
+        else None
+    )
+    scores, per_set, rows = score_test_sets(
+        task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
+    )
     unique = list(selected.values())
     results = build_results(
         task=task.name,
@@ -185,9 +196,14 @@ def search(
 def _method_fields(settings: DictConfig, potential: str) -> dict[str, Any]:
     """The search settings a results file records (`ess_threshold` 0: no resampling)."""
     method = str(settings.method)
-    return {"method": method, "particles": int(settings.particles), "potential": potential,
-            "ess_threshold": float(settings.ess_threshold) if method == "smc" else 0.0,
-            "temperature": float(settings.temperature), "batch_size": int(settings.batch_size)}
+    return {
+        "method": method,
+        "particles": int(settings.particles),
+        "potential": potential,
+        "ess_threshold": float(settings.ess_threshold) if method == "smc" else 0.0,
+        "temperature": float(settings.temperature),
+        "batch_size": int(settings.batch_size),
+    }
 
 
 class _Selections:
@@ -195,19 +211,22 @@ class _Selections:
     the same particles (rerank <-> is); per test set, every selection's metric and the
     posterior-weighted metric (`posterior_draws` draws)."""
 
-    def __init__(self, task: Task, populations: dict[str, ParticleSet], method: str,
-                 draws: int, seed: int):
+    def __init__(
+        self, task: Task, populations: dict[str, ParticleSet], method: str, draws: int, seed: int
+    ):
         self.task, self.populations, self.method = task, populations, method
         self.draws, self.seed = draws, seed
         methods = ["rerank", "is"] if method in ("rerank", "is") else [method]
-        self.chosen = {m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()}
-                       for m in methods}
+        self.chosen = {
+            m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()} for m in methods
+        }
         self.scores: dict[str, list[float]] = {m: [] for m in methods}
         self.posterior_weighted: list[float] = []
 
     def selected(self) -> dict[str, Generation]:
-        return {uid: self.populations[uid].generations[i]
-                for uid, i in self.chosen[self.method].items()}
+        return {
+            uid: self.populations[uid].generations[i] for uid, i in self.chosen[self.method].items()
+        }
 
     def set_fields(self, set_idx: int, test_set: list[Example]) -> dict[str, Any]:
         for method, chosen in self.chosen.items():
@@ -215,21 +234,33 @@ class _Selections:
             self.scores[method].append(self.task.score(texts, test_set).value)
         weighted = float("nan")
         if self.draws:
-            sampled = posterior_draws([self.populations[ex.uid] for ex in test_set], self.draws,
-                                      self.seed + set_idx)
-            weighted = sum(self.task.score([g.text for g in draw], test_set).value
-                           for draw in sampled) / self.draws
+            sampled = posterior_draws(
+                [self.populations[ex.uid] for ex in test_set], self.draws, self.seed + set_idx
+            )
+            weighted = (
+                sum(self.task.score([g.text for g in draw], test_set).value for draw in sampled)
+                / self.draws
+            )
         self.posterior_weighted.append(weighted)
         return {"posterior_weighted": weighted}
 
     def row_fields(self, set_idx: int, ex: Example, gen: Generation) -> dict[str, Any]:
-        return _particle_fields(gen, self.populations[ex.uid], self.chosen[self.method][ex.uid],
-                                {m: chosen[ex.uid] for m, chosen in self.chosen.items()})
+        return _particle_fields(
+            gen,
+            self.populations[ex.uid],
+            self.chosen[self.method][ex.uid],
+            {m: chosen[ex.uid] for m, chosen in self.chosen.items()},
+        )
 
 
-def _greedy_baseline(decoder: ConstrainedDecoder, tokenizer: Any, task: Task,
-                     test_sets: list[list[Example]], batch_size: int, progress: bool
-                     ) -> dict[str, Any]:
+def _greedy_baseline(
+    decoder: ConstrainedDecoder,
+    tokenizer: Any,
+    task: Task,
+    test_sets: list[list[Example]],
+    batch_size: int,
+    progress: bool,
+) -> dict[str, Any]:
     """Greedy decoding of the same examples with the same decoder: the cost reference."""
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     examples = [ex for test_set in test_sets for ex in test_set]
@@ -241,8 +272,13 @@ def _greedy_baseline(decoder: ConstrainedDecoder, tokenizer: Any, task: Task,
     }
 
 
-def _costs(seconds: float, potential_seconds: float, search_tokens: int, potential_tokens: int,
-           greedy: dict[str, Any] | None) -> dict[str, Any]:
+def _costs(
+    seconds: float,
+    potential_seconds: float,
+    search_tokens: int,
+    potential_tokens: int,
+    greedy: dict[str, Any] | None,
+) -> dict[str, Any]:
     """Wall-time and forward-token ratios against the greedy pass ({} without one)."""
     if greedy is None:
         return {}
@@ -256,8 +292,9 @@ def _costs(seconds: float, potential_seconds: float, search_tokens: int, potenti
     }
 
 
-def _diagnostics(pops: list[ParticleSet], selected: list[Generation],
-                 posterior_weighted: list[float]) -> dict[str, Any]:
+def _diagnostics(
+    pops: list[ParticleSet], selected: list[Generation], posterior_weighted: list[float]
+) -> dict[str, Any]:
     """Particle statistics: ESS, completeness, vanished weights, resampling, diversity."""
     count = max(len(pops), 1)
     return {
@@ -278,8 +315,9 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _particle_fields(gen: Generation, ps: ParticleSet, index: int, picks: dict[str, int]
-                     ) -> dict[str, Any]:
+def _particle_fields(
+    gen: Generation, ps: ParticleSet, index: int, picks: dict[str, int]
+) -> dict[str, Any]:
     """A predictions row's search fields: the selection, its posterior weight, the particles."""
     weights = normalized_weights(ps.log_weights)
     return {

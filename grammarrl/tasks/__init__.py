@@ -33,8 +33,10 @@ def task_targets() -> dict[str, str]:
     for path in sorted(TASK_CONF.glob("*.yaml")):
         conf = OmegaConf.load(path)
         if conf.get("name") != path.stem or not conf.get("_target_"):
-            raise ConfigError(f"{path}: a task config needs `name: {path.stem}` and "
-                              "`_target_: grammarrl.tasks.<module>.<TaskClass>`")
+            raise ConfigError(
+                f"{path}: a task config needs `name: {path.stem}` and "
+                "`_target_: grammarrl.tasks.<module>.<TaskClass>`"
+            )
         targets[path.stem] = str(conf["_target_"])
     return targets
 
@@ -69,5 +71,13 @@ def load_task(cfg: DictConfig) -> Task:
     return task_class(cfg.task)(cfg)
 
 
-__all__ = ["Example", "Scores", "Splits", "Task", "builtin_task_names", "load_task",
-           "task_class", "task_label"]
+__all__ = [
+    "Example",
+    "Scores",
+    "Splits",
+    "Task",
+    "builtin_task_names",
+    "load_task",
+    "task_class",
+    "task_label",
+]

@@ -77,8 +77,10 @@ class CorpusTask(Task):
 
     def read_hub(self) -> list[Row]:
         """All rows of the task's public Hugging Face dataset (`data.source=hub`)."""
-        raise DataError(f"task {self.name}: no public hub dataset is known; put its files under "
-                        f"data.dir/{self.data_dir} and use data.source=local")
+        raise DataError(
+            f"task {self.name}: no public hub dataset is known; put its files under "
+            f"data.dir/{self.data_dir} and use data.source=local"
+        )
 
     @abstractmethod
     def normalise(self, row: Row) -> Example | None:

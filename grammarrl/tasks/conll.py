@@ -336,9 +336,10 @@ class ConllTask(CorpusTask):
             metric=self.metric_name,
             value=counts["micro"].f1,
             per_example=per_example,
-            details={**{name: prf.as_dict() for name, prf in counts.items()},
-                     "empty_field_rate": empty_field_rate(predictions,
-                                                          [ex.target for ex in examples])},
+            details={
+                **{name: prf.as_dict() for name, prf in counts.items()},
+                "empty_field_rate": empty_field_rate(predictions, [ex.target for ex in examples]),
+            },
             validity=validity_rate([p is not None for p in parsed]),
         )
 

@@ -62,14 +62,16 @@ def check_task_keys(cfg: DictConfig) -> CustomSpec | None:
     if issubclass(cls, CustomTask):
         return resolve_spec(cfg)
     if cfg.task.name != cls.name:
-        raise ConfigError(f"task.name={cfg.task.name!r} is invalid for task={cls.name} (its "
-                          f"name is {cls.name!r}); a task of your own is task=custom")
+        raise ConfigError(
+            f"task.name={cfg.task.name!r} is invalid for task={cls.name} (its "
+            f"name is {cls.name!r}); a task of your own is task=custom"
+        )
     for key in CUSTOM_KEYS:
         if cfg.task.get(key) is not None:
-            raise ConfigError(f"task.{key} is read by task=custom only, not by "
-                              f"task={cfg.task.name}")
+            raise ConfigError(
+                f"task.{key} is read by task=custom only, not by task={cfg.task.name}"
+            )
     return None
-
 
 
 class CustomTask(CorpusTask):
@@ -105,15 +107,19 @@ class CustomTask(CorpusTask):
 
     @property
     def data_key(self) -> str:
-        return fingerprint(self.name, sorted((k, str(p)) for k, p in self.spec.files.items()),
-                           self.spec.grammar)
+        return fingerprint(
+            self.name, sorted((k, str(p)) for k, p in self.spec.files.items()), self.spec.grammar
+        )
 
     # ----- data -------------------------------------------------------------------------
     def read_local(self, directory: Path) -> list[Row]:
         """The rows of the spec's train/dev/test files (split = the key)."""
-        return [Row(split, record, where) for split in ("train", "dev", "test")
-                if split in self.spec.files
-                for record, where in read_table(self.spec.files[split])]
+        return [
+            Row(split, record, where)
+            for split in ("train", "dev", "test")
+            if split in self.spec.files
+            for record, where in read_table(self.spec.files[split])
+        ]
 
     def read_rows(self) -> list[Row]:
         return self.read_local(self.root)
@@ -125,8 +131,10 @@ class CustomTask(CorpusTask):
         value = row.fields.get(field)
         text = clean_text(str(value)) if isinstance(value, (str, int, float)) else ""
         if not text:
-            raise DataError(f"{row.where}: no {field!r} (task.input_field) in this row "
-                            f"(fields: {', '.join(map(str, row.fields)) or 'none'})")
+            raise DataError(
+                f"{row.where}: no {field!r} (task.input_field) in this row "
+                f"(fields: {', '.join(map(str, row.fields)) or 'none'})"
+            )
         return Example(uid=row.where, input=text, target=self.gold(row))
 
     def gold(self, row: Row) -> str:
@@ -140,8 +148,10 @@ class CustomTask(CorpusTask):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as err:
-                raise DataError(f"{row.where}: {self.spec.output_field!r} (task.output_field) is "
-                                f"not JSON: {err}") from None
+                raise DataError(
+                    f"{row.where}: {self.spec.output_field!r} (task.output_field) is "
+                    f"not JSON: {err}"
+                ) from None
         schema = self.spec.schema or {}
         defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
         return json.dumps(order_keys(value, schema, defs), ensure_ascii=False)
@@ -176,12 +186,16 @@ class CustomTask(CorpusTask):
             test = {ex.input for ex in self.examples.get("test", [])}
             train = self.examples.get("train", [])
             return tuple([ex for ex in train if ex.target and ex.input not in test][:k])
-        demos = [self.normalise(Row("demonstrations", record, where))
-                 for record, where in read_table(path)[:k]]
+        demos = [
+            self.normalise(Row("demonstrations", record, where))
+            for record, where in read_table(path)[:k]
+        ]
         for ex in demos:
             if not ex.target:
-                raise DataError(f"{ex.uid}: a demonstration needs its output "
-                                f"({self.spec.output_field!r}, task.output_field)")
+                raise DataError(
+                    f"{ex.uid}: a demonstration needs its output "
+                    f"({self.spec.output_field!r}, task.output_field)"
+                )
         return tuple(demos)
 
     def pick_fewshot(self, pool: list[Example], k: int) -> list[Example]:
@@ -209,8 +223,10 @@ class CustomTask(CorpusTask):
             dev, train = parts["dev"], parts["train"]
         if not dev:
             where = "task.dev" if "dev" in self.spec.files else "train (at most a tenth of it)"
-            raise DataError(f"{self.name}: no dev inputs from {where}: calibration and "
-                            "validation need some; give task.dev a file of inputs")
+            raise DataError(
+                f"{self.name}: no dev inputs from {where}: calibration and "
+                "validation need some; give task.dev a file of inputs"
+            )
         return {"train": train, "dev": dev, "test": test}
 
     def check_gold(self) -> tuple[int, int]:
@@ -219,15 +235,26 @@ class CustomTask(CorpusTask):
         where = {ex.target: ex.uid for pool in self.corpus.values() for ex in pool}
         rejected = self.checker.rejected(where)
         if rejected:
-            log.warning("%s: the task grammar (task.%s) rejects %d of %d distinct gold outputs; "
-                        "those examples cannot be predicted exactly (first: %s: %r)", self.name,
-                        self.spec.kind, len(rejected), len(where), where[rejected[0]],
-                        rejected[0][:200])
+            log.warning(
+                "%s: the task grammar (task.%s) rejects %d of %d distinct gold outputs; "
+                "those examples cannot be predicted exactly (first: %s: %r)",
+                self.name,
+                self.spec.kind,
+                len(rejected),
+                len(where),
+                where[rejected[0]],
+                rejected[0][:200],
+            )
         if not self.has_gold:
-            log.warning("%s: no row has a gold output (task.output_field=%s): training needs "
-                        "none, but the metric %s is unavailable: results report %s as NaN "
-                        "(validity and predictions are still written)", self.name,
-                        self.spec.output_field, self.spec.metric, self.metric_name)
+            log.warning(
+                "%s: no row has a gold output (task.output_field=%s): training needs "
+                "none, but the metric %s is unavailable: results report %s as NaN "
+                "(validity and predictions are still written)",
+                self.name,
+                self.spec.output_field,
+                self.spec.metric,
+                self.metric_name,
+            )
         return len(rejected), len(where)
 
     def vocab_size(self) -> int:
@@ -248,8 +275,10 @@ class CustomTask(CorpusTask):
         """The metric over the labelled examples (NaN when none is); validity over all."""
         parsed = [self.try_parse(p) for p in predictions]
         labelled = [i for i, ex in enumerate(examples) if ex.target]
-        per_example = [{"uid": ex.uid, "valid": p is not None, "labelled": bool(ex.target)}
-                       for ex, p in zip(examples, parsed, strict=True)]
+        per_example = [
+            {"uid": ex.uid, "valid": p is not None, "labelled": bool(ex.target)}
+            for ex, p in zip(examples, parsed, strict=True)
+        ]
         preds = [parsed[i] for i in labelled]
         golds = [self.parse_gold(examples[i].target) for i in labelled]
         details: dict[str, Any] = {"labelled": len(labelled)}
@@ -267,14 +296,22 @@ class CustomTask(CorpusTask):
             value = counts["micro"].f1
             details.update({name: prf.as_dict() for name, prf in counts.items()})
             for i in labelled:
-                item = json_fields_prf([parsed[i]], [self.parse_gold(examples[i].target)],
-                                       names)["micro"]
+                item = json_fields_prf([parsed[i]], [self.parse_gold(examples[i].target)], names)[
+                    "micro"
+                ]
                 per_example[i].update(tp=item.tp, fp=item.fp, fn=item.fn)
         else:  # bleu
-            value = corpus_bleu([predictions[i] if parsed[i] is not None else "" for i in labelled],
-                                [examples[i].target for i in labelled])
-        return Scores(metric=self.metric_name, value=value, per_example=per_example,
-                      details=details, validity=validity_rate([p is not None for p in parsed]))
+            value = corpus_bleu(
+                [predictions[i] if parsed[i] is not None else "" for i in labelled],
+                [examples[i].target for i in labelled],
+            )
+        return Scores(
+            metric=self.metric_name,
+            value=value,
+            per_example=per_example,
+            details=details,
+            validity=validity_rate([p is not None for p in parsed]),
+        )
 
     def parse_gold(self, target: str) -> Any:
         """A gold output as the metric compares it (JSON decoded for json_schema)."""

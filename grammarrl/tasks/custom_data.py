@@ -57,4 +57,3 @@ def order_keys(value: Any, schema: Any, defs: Mapping[str, Any]) -> Any:
     props = schema.get("properties", {}) if isinstance(schema, dict) else {}
     keys = [k for k in props if k in value] + [k for k in value if k not in props]
     return {k: order_keys(value[k], props.get(k), defs) for k in keys}
-

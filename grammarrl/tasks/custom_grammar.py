@@ -29,24 +29,40 @@ def constraint_grammar(kind: str, value: Any) -> tuple[dict | None, tuple[str, .
         schema = _schema(value, key)
         layout = {**JSON_LAYOUT, **schema.get("x-guidance", {})}
         source = json.dumps({**closed(schema), "x-guidance": layout}, ensure_ascii=False)
-        shown = json.dumps({k: v for k, v in schema.items() if k != "x-guidance"},
-                           ensure_ascii=False)
-        return schema, (), f"start: %json {source}\n", (
-            f"Output format: one JSON object on one line, matching this JSON schema: {shown}")
+        shown = json.dumps(
+            {k: v for k, v in schema.items() if k != "x-guidance"}, ensure_ascii=False
+        )
+        return (
+            schema,
+            (),
+            f"start: %json {source}\n",
+            (f"Output format: one JSON object on one line, matching this JSON schema: {shown}"),
+        )
     if kind == "choices":
-        if (not isinstance(value, list) or not value
-                or not all(isinstance(c, str) and c for c in value)):
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(c, str) and c for c in value)
+        ):
             raise ConfigError(f"{key}={value!r} is invalid: expected a list of non-empty strings")
         choices = tuple(dict.fromkeys(value))
-        return None, choices, f"start: {alternation(choices)}\n", (
-            f"Answer with exactly one of: {' | '.join(choices)}")
+        return (
+            None,
+            choices,
+            f"start: {alternation(choices)}\n",
+            (f"Answer with exactly one of: {' | '.join(choices)}"),
+        )
     if not isinstance(value, str):
         raise ConfigError(f"{key}={value!r} is invalid: expected a string")
     if kind == "regex":
         import llguidance
 
-        return None, (), f"start: /{llguidance.regex_to_lark(value)}/\n", (
-            f"Output format: text matching the regular expression {value}")
+        return (
+            None,
+            (),
+            f"start: /{llguidance.regex_to_lark(value)}/\n",
+            (f"Output format: text matching the regular expression {value}"),
+        )
     return None, (), value, ""
 
 
@@ -65,8 +81,9 @@ def _schema(value: Any, key: str) -> dict[str, Any]:
         except json.JSONDecodeError as err:
             raise ConfigError(f"{key} ({where}): not valid JSON: {err}") from None
     if not isinstance(text, dict):
-        raise ConfigError(f"{key} ({where}): expected a JSON schema object, got "
-                          f"{type(text).__name__}")
+        raise ConfigError(
+            f"{key} ({where}): expected a JSON schema object, got {type(text).__name__}"
+        )
     return text
 
 
@@ -90,8 +107,10 @@ def check_lark(source: str, key: str) -> None:
     spec = llguidance.LLMatcher.grammar_from_lark(source)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(spec, None)
     if is_error:
-        raise ConfigError(f"{key}: llguidance cannot compile it: "
-                          f"{one_line(messages[0] if messages else '?', key != 'task.lark')}")
+        raise ConfigError(
+            f"{key}: llguidance cannot compile it: "
+            f"{one_line(messages[0] if messages else '?', key != 'task.lark')}"
+        )
 
 
 def one_line(message: str, drop_position: bool) -> str:
@@ -143,4 +162,3 @@ class ByteGrammarChecker(GrammarChecker):
         self._start = llguidance.LLMatcher(_byte_ll_tokenizer(), spec, log_level=0)
         if self._start.is_error():
             raise ValueError(f"the grammar does not compile: {self._start.get_error()[:500]}")
-

@@ -18,8 +18,10 @@ def canonical(value: Any) -> str:
 def exact_match(predictions: Sequence[Any], golds: Sequence[Any]) -> list[bool]:
     """Per example: the parsed prediction equals the parsed gold (JSON compared by value, with
     keys in any order; an invalid prediction, None, never matches)."""
-    return [p is not None and canonical(p) == canonical(g) for p, g in zip(predictions, golds,
-                                                                           strict=True)]
+    return [
+        p is not None and canonical(p) == canonical(g)
+        for p, g in zip(predictions, golds, strict=True)
+    ]
 
 
 def field_values(value: Any) -> dict[str, str]:
@@ -30,8 +32,9 @@ def field_values(value: Any) -> dict[str, str]:
     return {k: "" if v in (None, "", [], {}) else canonical(v) for k, v in value.items()}
 
 
-def json_fields_prf(predictions: Sequence[Any], golds: Sequence[Any],
-                    field_names: Sequence[str] | None = None) -> dict[str, Any]:
+def json_fields_prf(
+    predictions: Sequence[Any], golds: Sequence[Any], field_names: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The CoNLL rule (`metrics.entity_prf`) per JSON field: tp when the gold field is filled and
     the prediction equals it, fp when the prediction is filled and differs, fn when the gold is
     filled and the prediction differs. Fields: `field_names`, else every key of the golds."""
@@ -39,4 +42,3 @@ def json_fields_prf(predictions: Sequence[Any], golds: Sequence[Any],
     if field_names is None:
         field_names = list(dict.fromkeys(k for g in gold_fields for k in g))
     return entity_prf([field_values(p) for p in predictions], gold_fields, field_names)
-

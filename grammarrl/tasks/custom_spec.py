@@ -33,8 +33,16 @@ CONSTRAINTS = ("json_schema", "regex", "lark", "choices")
 METRICS = ("exact_match", "accuracy", "json_fields_f1", "bleu")
 AUTO_METRIC = {"json_schema": "json_fields_f1", "choices": "accuracy"}  # else exact_match
 FILE_KEYS = ("train", "dev", "test", "demonstrations")
-CUSTOM_KEYS = ("spec", *FILE_KEYS, "input_field", "output_field", *CONSTRAINTS, "instruction",
-               "output_format", "reverse_instruction")
+CUSTOM_KEYS = (
+    "spec",
+    *FILE_KEYS,
+    "input_field",
+    "output_field",
+    *CONSTRAINTS,
+    "instruction",
+    "output_format",
+    "reverse_instruction",
+)
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 REVERSE_INSTRUCTION = (
     "Given the output of the task below, reconstruct the original input as it was actually "
@@ -69,7 +77,6 @@ class CustomSpec:
     reverse_instruction: str
 
 
-
 def resolve_spec(cfg: DictConfig) -> CustomSpec:
     """Merge `task.spec` into `cfg.task` (in place; idempotent) and check the custom task.
     Raises ConfigError naming the key (and the spec file) on any bad value."""
@@ -77,17 +84,23 @@ def resolve_spec(cfg: DictConfig) -> CustomSpec:
     name = str(task.get("name"))
     if task.get("spec") is None and task.get("train") is None:
         if name == "custom":
-            raise ConfigError("task=custom needs task.spec=FILE (a YAML file defining the task) "
-                              "or its keys inline, task.train=... at least (conf/task/custom.yaml)")
-        raise ConfigError(f"task={name!r} is invalid: expected one of "
-                          f"{', '.join(builtin_task_names())}, or custom (task=custom "
-                          "task.spec=FILE)")
+            raise ConfigError(
+                "task=custom needs task.spec=FILE (a YAML file defining the task) "
+                "or its keys inline, task.train=... at least (conf/task/custom.yaml)"
+            )
+        raise ConfigError(
+            f"task={name!r} is invalid: expected one of "
+            f"{', '.join(builtin_task_names())}, or custom (task=custom "
+            "task.spec=FILE)"
+        )
     if task.get("spec") is not None:
         merge_spec_file(task)
     source = str(cfg.get("data", {}).get("source", "local"))
     if source != "local":
-        raise ConfigError(f"data.source={source}: a custom task reads its own files "
-                          "(task.train, task.dev, task.test); leave data.source=local")
+        raise ConfigError(
+            f"data.source={source}: a custom task reads its own files "
+            "(task.train, task.dev, task.test); leave data.source=local"
+        )
     return build_spec(task)
 
 
@@ -101,15 +114,18 @@ def merge_spec_file(task: DictConfig) -> None:
     the file are made absolute from its directory."""
     path = Path(str(task.spec)).expanduser()
     if not path.is_file():
-        raise ConfigError(f"task.spec={task.spec}: no such file (a YAML file holding the task's "
-                          "keys, see conf/task/custom.yaml)")
+        raise ConfigError(
+            f"task.spec={task.spec}: no such file (a YAML file holding the task's "
+            "keys, see conf/task/custom.yaml)"
+        )
     try:
         values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except (yaml.YAMLError, OmegaConfBaseException) as err:  # syntax, interpolation
         raise ConfigError(f"task.spec={path}: not a readable YAML file: {err}") from None
     if not isinstance(values, dict):
-        raise ConfigError(f"task.spec={path}: expected a mapping of task keys, got "
-                          f"{type(values).__name__}")
+        raise ConfigError(
+            f"task.spec={path}: expected a mapping of task keys, got {type(values).__name__}"
+        )
     known = {f.name for f in fields(TaskSchema)} - {"spec"}
     defaults = _spec_defaults()
     for key, value in values.items():
@@ -131,10 +147,11 @@ def _plain(value: Any) -> Any:
 
 def _from_spec_dir(key: str, value: Any, directory: Path) -> Any:
     """A spec file's value with a relative file path made absolute from `directory`."""
-    is_path = (key in FILE_KEYS
-               or (key == "json_schema" and isinstance(value, str)
-                   and not value.lstrip().startswith("{"))
-               or (key == "lark" and isinstance(value, str) and _is_lark_file(value)))
+    is_path = (
+        key in FILE_KEYS
+        or (key == "json_schema" and isinstance(value, str) and not value.lstrip().startswith("{"))
+        or (key == "lark" and isinstance(value, str) and _is_lark_file(value))
+    )
     if is_path and isinstance(value, str) and not Path(value).expanduser().is_absolute():
         return str((directory / value).resolve())
     return value
@@ -166,15 +183,18 @@ def build_spec(task: DictConfig) -> CustomSpec:
     name = str(task.name)
     builtins = builtin_task_names()
     if not NAME.fullmatch(name) or name in builtins:
-        raise ConfigError(f"task.name={name!r} is invalid for a custom task: expected letters, "
-                          f"digits, _ . - and not a built-in task's name ({', '.join(builtins)})")
+        raise ConfigError(
+            f"task.name={name!r} is invalid for a custom task: expected letters, "
+            f"digits, _ . - and not a built-in task's name ({', '.join(builtins)})"
+        )
     if task.get("train") is None:
         raise ConfigError("task.train is required: the JSONL or CSV file of training inputs")
     files = {key: _existing_file(task, key) for key in FILE_KEYS if task.get(key) is not None}
     for key, path in files.items():
         if path.suffix.lower() not in FORMATS:
-            raise ConfigError(f"task.{key}={task.get(key)}: expected a .jsonl, .ndjson, .csv or "
-                              ".tsv file")
+            raise ConfigError(
+                f"task.{key}={task.get(key)}: expected a .jsonl, .ndjson, .csv or .tsv file"
+            )
     input_field = _text(task, "input_field", "input")
     output_field = _text(task, "output_field")
     if not input_field:
@@ -182,17 +202,22 @@ def build_spec(task: DictConfig) -> CustomSpec:
     if output_field == input_field:
         raise ConfigError(f"task.output_field={output_field!r} is also task.input_field")
     if "demonstrations" in files and not output_field:
-        raise ConfigError("task.demonstrations needs task.output_field (the field of their "
-                          "outputs)")
+        raise ConfigError(
+            "task.demonstrations needs task.output_field (the field of their outputs)"
+        )
     if int(task.get("num_hints") or 0) != 0:
-        raise ConfigError(f"task.num_hints={task.num_hints}: hints are not supported for custom "
-                          "tasks; set task.num_hints=0")
+        raise ConfigError(
+            f"task.num_hints={task.num_hints}: hints are not supported for custom "
+            "tasks; set task.num_hints=0"
+        )
 
     given = [key for key in CONSTRAINTS if task.get(key) not in (None, "")]
     if len(given) != 1:
         keys = ", ".join(f"task.{key}" for key in (given or CONSTRAINTS))
-        raise ConfigError(f"{keys}: a custom task needs exactly one output constraint "
-                          f"({'none is set' if not given else 'several are set: keep one'})")
+        raise ConfigError(
+            f"{keys}: a custom task needs exactly one output constraint "
+            f"({'none is set' if not given else 'several are set: keep one'})"
+        )
     kind = given[0]
     schema, choices, grammar, describe = constraint_grammar(kind, _constraint_value(task, kind))
     check_lark(grammar, f"task.{kind}")
@@ -200,22 +225,37 @@ def build_spec(task: DictConfig) -> CustomSpec:
     metric = str(task.get("metric") or "auto")
     metric = AUTO_METRIC.get(kind, "exact_match") if metric == "auto" else metric
     if metric not in METRICS:
-        raise ConfigError(f"task.metric={metric!r} is invalid: expected auto or one of "
-                          f"{', '.join(METRICS)}")
+        raise ConfigError(
+            f"task.metric={metric!r} is invalid: expected auto or one of {', '.join(METRICS)}"
+        )
     if metric == "json_fields_f1" and kind != "json_schema":
-        raise ConfigError(f"task.metric=json_fields_f1 scores JSON fields: it needs "
-                          f"task.json_schema, not task.{kind}")
+        raise ConfigError(
+            f"task.metric=json_fields_f1 scores JSON fields: it needs "
+            f"task.json_schema, not task.{kind}"
+        )
     instruction = _text(task, "instruction")
     if not instruction:
-        raise ConfigError("task.instruction is required: the system instruction that says what "
-                          "to produce from the input")
+        raise ConfigError(
+            "task.instruction is required: the system instruction that says what "
+            "to produce from the input"
+        )
     reverse = _text(task, "reverse_instruction") or REVERSE_INSTRUCTION.format(
-        instruction=instruction)
+        instruction=instruction
+    )
     return CustomSpec(
-        name=name, files=files, input_field=input_field, output_field=output_field or None,
-        kind=kind, grammar=grammar, schema=schema, choices=choices, metric=metric,
-        instruction=instruction, output_format=_text(task, "output_format", describe),
-        reverse_instruction=reverse)
+        name=name,
+        files=files,
+        input_field=input_field,
+        output_field=output_field or None,
+        kind=kind,
+        grammar=grammar,
+        schema=schema,
+        choices=choices,
+        metric=metric,
+        instruction=instruction,
+        output_format=_text(task, "output_format", describe),
+        reverse_instruction=reverse,
+    )
 
 
 def _constraint_value(task: DictConfig, kind: str) -> Any:

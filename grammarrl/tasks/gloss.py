@@ -71,8 +71,14 @@ def read_hub_aslg(seed: int) -> list[Row]:
     random.Random(seed).shuffle(order)
     split_of = {i: "test" for i in order[:HUB_TEST]}
     split_of.update({i: "dev" for i in order[HUB_TEST : HUB_TEST + HUB_DEV]})
-    return [Row(split_of.get(i, "train"), {"text": r["text"], "gloss": r["gloss"]},
-                f"{HUB_ID}:train:{i}") for i, r in enumerate(pool)]
+    return [
+        Row(
+            split_of.get(i, "train"),
+            {"text": r["text"], "gloss": r["gloss"]},
+            f"{HUB_ID}:train:{i}",
+        )
+        for i, r in enumerate(pool)
+    ]
 
 
 # ----- outputs --------------------------------------------------------------------------

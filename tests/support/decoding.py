@@ -57,8 +57,9 @@ class Sharpened(torch.nn.Module):
 
     def forward(self, **kwargs):
         out = self.inner(**kwargs)
-        return SimpleNamespace(logits=out.logits * self.scale,
-                               **{kv_cache_name(): output_kv_cache(out)})
+        return SimpleNamespace(
+            logits=out.logits * self.scale, **{kv_cache_name(): output_kv_cache(out)}
+        )
 
 
 class WideLogits(torch.nn.Module):

@@ -24,12 +24,16 @@ class ToyTask(Task):
         return "start: " + " | ".join(f'"{w}"' for w in self.words)
 
     def forward_messages(self, example: Example) -> list[dict[str, str]]:
-        return [{"role": "system", "content": "Name the topic."},
-                {"role": "user", "content": example.input}]
+        return [
+            {"role": "system", "content": "Name the topic."},
+            {"role": "user", "content": example.input},
+        ]
 
     def reverse_messages(self, candidate: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": "Write a sentence about the topic."},
-                {"role": "user", "content": candidate}]
+        return [
+            {"role": "system", "content": "Write a sentence about the topic."},
+            {"role": "user", "content": candidate},
+        ]
 
     def parse(self, output: str) -> str:
         return output
