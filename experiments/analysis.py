@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from experiments.runs import AggregationError, Evaluation, Run
-from grammarrl import summary
+from grammarrl import curves
 from grammarrl.calibration import calibration_key, entries
 from grammarrl.results import mean_std
 from grammarrl.tasks import conll
@@ -49,8 +49,8 @@ def term_count(term: str) -> Callable[[list[dict[str, Any]]], float]:
 
 def read_metrics(run: Run) -> dict[str, list[tuple[int, float]]]:
     """Lightning's CSV metrics of a training run: column -> [(step, value)]
-    (`grammarrl.summary.read_metrics`)."""
-    return summary.read_metrics(run.path)
+    (`grammarrl.curves.read_metrics`)."""
+    return curves.read_metrics(run.path)
 
 
 def calibration_entry(run: Run) -> dict[str, Any] | None:

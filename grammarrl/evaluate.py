@@ -103,14 +103,25 @@ def is_valid(task: Task, gen: Generation) -> bool:
     return True
 
 
-def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> tuple[int, int]:
-    """(rejected, total) distinct gold outputs under the task grammar; warns when any is
-    rejected (those examples can never be predicted exactly: a grammar or data problem)."""
+def test_examples(cfg: DictConfig, task: Task) -> tuple[list[list[Example]], list[Example]]:
+    """The seeded test sets (`eval.num_test_sets` x `eval.test_size`) and all their examples in
+    order; DataError when there are none."""
+    test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
+    examples = [ex for test_set in test_sets for ex in test_set]
+    if not examples:
+        raise DataError(f"task {task.name}: the test sets are empty (no test examples)")
+    return test_sets, examples
+
+
+def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> dict[str, int]:
+    """`gold_rejected` and `gold_total`: distinct gold outputs under the task grammar; warns
+    when any is rejected (those examples can never be predicted exactly: a grammar or data
+    problem)."""
     from grammarrl.tasks.grammar_check import GrammarChecker
 
     golds = list(dict.fromkeys(ex.target for ex in examples if ex.target))  # unlabelled: none
     if not golds:
-        return 0, 0
+        return {"gold_rejected": 0, "gold_total": 0}
     rejected = GrammarChecker(task.grammar(), tokenizer).rejected(golds)
     if rejected:
         log.warning(
@@ -121,7 +132,7 @@ def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> tuple[int
             len(golds),
             rejected[0][:200],
         )
-    return len(rejected), len(golds)
+    return {"gold_rejected": len(rejected), "gold_total": len(golds)}
 
 
 def distinct_prompts(
@@ -331,11 +342,7 @@ def evaluate(
     `model`, None for the frozen base model."""
     out = Path(out) if out is not None else run_dir(cfg)
     beam_width = int(beam_width if beam_width is not None else cfg.eval.beam_width)
-    test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
-    all_examples = [ex for test_set in test_sets for ex in test_set]
-    if not all_examples:
-        raise DataError(f"task {task.name}: the test sets are empty (no test examples)")
-    gold_rejected, gold_total = check_gold(task, tokenizer, all_examples)
+    test_sets, all_examples = test_examples(cfg, task)
 
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     started = time.perf_counter()
@@ -351,12 +358,9 @@ def evaluate(
         length_penalty=cfg.eval.length_penalty,
     )
     seconds = time.perf_counter() - started
-    rewards = (
-        output_rewards(model, tokenizer, task, all_examples, outputs, progress)
-        if cfg.eval.score_rewards
-        else None
-    )
-
+    rewards = None
+    if cfg.eval.score_rewards:
+        rewards = output_rewards(model, tokenizer, task, all_examples, outputs, progress)
     scores, per_set, rows = score_test_sets(task, test_sets, outputs, rewards)
     unique = list(outputs.values())
     results = build_results(
@@ -375,7 +379,6 @@ def evaluate(
         device=str(decoder.device),
         dtype=str(getattr(model, "dtype", "")).removeprefix("torch."),
         per_set=per_set,
-        gold_rejected=gold_rejected,
-        gold_total=gold_total,
+        **check_gold(task, tokenizer, all_examples),
     )
     return save_results(out, results, rows, name)

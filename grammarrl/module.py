@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -20,6 +17,7 @@ from grammarrl.errors import GrammarRLError, ModelError
 from grammarrl.models import enable_activation_checkpointing
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
+from grammarrl.rng import gather_objects, rng_states, set_rng_states
 from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks.base import Task
@@ -326,9 +324,7 @@ class GrammarRLModule(L.LightningModule):
         # stream, the global RNGs (LoRA dropout) and the rollout samples logged so far.
         # Every rank's streams: rank 0 writes the file, and each rank resumes its own.
         checkpoint["grammarrl"] = {
-            "ranks": _gather_objects(
-                {"generator": self.generator.get_state(), "rng": _rng_states()}
-            ),
+            "ranks": gather_objects({"generator": self.generator.get_state(), "rng": rng_states()}),
             "samples": list(self.samples),
         }
         self.last_checkpoint_step = int(checkpoint.get("global_step", self.global_step))
@@ -369,40 +365,6 @@ class GrammarRLModule(L.LightningModule):
             )
         own = ranks[self.global_rank]
         self.generator.set_state(own["generator"])
-        _set_rng_states(own["rng"])
+        set_rng_states(own["rng"])
         self.samples = list(state.get("samples", []))
         self.last_checkpoint_step = int(checkpoint.get("global_step", 0))
-
-
-def _gather_objects(obj: Any) -> list[Any]:
-    """`obj` of every rank, by rank (a list of one without a process group)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)  # tensors as torch serialises them (pickling their storage fails)
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, buffer.getvalue())
-    return [torch.load(io.BytesIO(data), weights_only=False) for data in gathered]
-
-
-def _rng_states() -> dict[str, Any]:
-    """The global random states (torch CPU and CUDA, numpy, Python) as checkpointable data."""
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-        "python": random.getstate(),
-    }
-
-
-def _set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    if states.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    name, keys, *rest = states["numpy"]
-    np.random.set_state((name, keys.numpy(), *rest))
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))

@@ -364,11 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="plan this prompt length instead of the longest of the task's first training prompts",
     )
-    parser.add_argument(
-        "--candidate-tokens",
-        type=int,
-        help="plan this candidate length instead of task.max_new_tokens",
-    )
+    parser.add_argument("--candidate-tokens", type=int, help="default: task.max_new_tokens")
     args = parser.parse_args(argv)
     quiet_third_party()
     try:

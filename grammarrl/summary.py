@@ -1,6 +1,6 @@
 """The end of a training run: the frozen model and the trained adapter compared on the same test
 sets, printed and written into the run directory (`summary.md`, `summary.json`), and the
-training curves (`training.png`: the reward and the dev metric by step).
+training curves (`training.png`: the reward and the dev metric by step; `grammarrl.curves`).
 
 The comparison holds, for greedy constrained decoding of each: the task metric (mean ± std over
 the test sets, and the paired difference per set), validity, and the mean training reward of
@@ -11,10 +11,8 @@ plus the outputs that changed and three before/after examples.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,31 +20,13 @@ from typing import Any
 import torch
 
 from grammarrl.atomic import atomic_write, write_json
+from grammarrl.curves import read_metrics, training_facts, training_figure, training_line
 from grammarrl.results import mean_std, predictions_name
 from grammarrl.rloo import combine_rewards
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
 NUM_EXAMPLES = 3  # before/after examples shown
-
-
-def read_metrics(run: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """Lightning's CSV metrics of a training run directory: column -> [(step, value)], empty
-    cells skipped; {} when the run logged nothing. A validation row is placed at the training
-    steps done when it ran (its `val/*_trained_steps`; 0 for the one before training)."""
-    path = Path(run) / "metrics" / "metrics.csv"
-    if not path.is_file():
-        return {}
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            step = next(
-                (v for k, v in row.items() if k.endswith("_trained_steps") and v), row.get("step")
-            )
-            for key, value in row.items():
-                if key != "step" and value not in ("", None) and step not in ("", None):
-                    series[key].append((int(float(step)), float(value)))
-    return dict(series)
 
 
 def set_rewards(
@@ -95,45 +75,28 @@ def compare(
     greedy outputs, the paired difference per set, the changed outputs and three examples."""
     if frozen["scores"] and len(frozen["scores"]) != len(trained["scores"]):
         raise ValueError("frozen and trained were evaluated on different numbers of test sets")
-    systems = {}
-    for name, res in (("frozen", frozen), ("trained", trained)):
-        systems[name] = {
+    systems = {
+        name: {
             "metric": _stats(res["scores"]),
             "validity": res["validity"],
             "truncated": res["truncated"],
             "reward": _stats(set_rewards(res, lam, sigma_direct, sigma_reverse)),
         }
+        for name, res in (("frozen", frozen), ("trained", trained))
+    }
     diff = [t - f for f, t in zip(frozen["scores"], trained["scores"])]
+    rewards = [systems[name]["reward"] for name in ("frozen", "trained")]
     reward_diff = None
-    if systems["frozen"]["reward"] and systems["trained"]["reward"]:
-        reward_diff = [
-            t - f
-            for f, t in zip(
-                systems["frozen"]["reward"]["per_set"], systems["trained"]["reward"]["per_set"]
-            )
-        ]
+    if all(rewards):
+        reward_diff = [t - f for f, t in zip(rewards[0]["per_set"], rewards[1]["per_set"])]
     before = {row["uid"]: row for row in _read_predictions(frozen)}
     after = {row["uid"]: row for row in _read_predictions(trained)}
     if set(before) != set(after):
         raise ValueError("frozen and trained predictions cover different test examples")
-    changed, better, worse = [], 0, 0
-    for uid, old in before.items():  # distinct examples, in the first set's order
-        new = after[uid]
-        if old["prediction"] == new["prediction"]:
-            continue
-        item = {
-            "input": old["input"],
-            "frozen": old["prediction"],
-            "trained": new["prediction"],
-            "gold": old["gold"],
-        }
-        if old["gold"]:
-            item["frozen_score"] = _example_score(task, old["prediction"], old)
-            item["trained_score"] = _example_score(task, new["prediction"], new)
-            better += item["trained_score"] > item["frozen_score"]
-            worse += item["trained_score"] < item["frozen_score"]
-        changed.append(item)
-    sets, size = len(trained["scores"]), trained.get("test_size")
+    changed = changed_outputs(task, before, after)
+    better = sum(item.get("trained_score", 0) > item.get("frozen_score", 0) for item in changed)
+    worse = sum(item.get("trained_score", 0) < item.get("frozen_score", 0) for item in changed)
+    unchanged = [_pair(row, after[uid]) for uid, row in list(before.items())[:NUM_EXAMPLES]]
     return {
         "task": trained["task"],
         "model": trained["model"],
@@ -141,8 +104,8 @@ def compare(
         "lambda": lam,
         "sigma_direct": sigma_direct,
         "sigma_reverse": sigma_reverse,
-        "num_test_sets": sets,
-        "test_size": size,
+        "num_test_sets": len(trained["scores"]),
+        "test_size": trained.get("test_size"),
         "distinct_examples": len(before),
         "frozen": systems["frozen"],
         "trained": systems["trained"],
@@ -154,17 +117,36 @@ def compare(
             "worse": worse,
             "same_score": len(changed) - better - worse,
         },
-        "examples": pick_examples(changed)
-        or [
-            {
-                "input": row["input"],
-                "frozen": row["prediction"],
-                "trained": after[uid]["prediction"],
-                "gold": row["gold"],
-            }
-            for uid, row in list(before.items())[:NUM_EXAMPLES]
-        ],
+        "examples": pick_examples(changed) or unchanged,
     }
+
+
+def _pair(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """One example's input, frozen and trained outputs and gold."""
+    return {
+        "input": old["input"],
+        "frozen": old["prediction"],
+        "trained": new["prediction"],
+        "gold": old["gold"],
+    }
+
+
+def changed_outputs(
+    task: Task, before: Mapping[str, Any], after: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The distinct examples (in the first set's order) whose output training changed, each
+    with both scores when it has a gold output."""
+    changed = []
+    for uid, old in before.items():
+        new = after[uid]
+        if old["prediction"] == new["prediction"]:
+            continue
+        item = _pair(old, new)
+        if old["gold"]:
+            item["frozen_score"] = _example_score(task, old["prediction"], old)
+            item["trained_score"] = _example_score(task, new["prediction"], new)
+        changed.append(item)
+    return changed
 
 
 def pick_examples(changed: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -280,17 +262,25 @@ def render(summary: Mapping[str, Any], training: Mapping[str, Any] | None = None
     ]
     if training:
         lines += ["", training_line(training)]
-    lines += [
+    return "\n".join(lines + _example_lines(summary)) + "\n"
+
+
+def _example_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The summary's examples section: input, both outputs and gold of each example."""
+    lines = [
         "",
         "## Before and after (changed test inputs: the first that scored better, "
         "the first worse, the first the same)"
-        if changed["outputs"]
+        if summary["changed"]["outputs"]
         else "## Examples (no output changed)",
     ]
     for index, item in enumerate(summary["examples"], 1):
         scores = ""
         if "frozen_score" in item:
-            scores = f" ({metric} {item['frozen_score']:.2f} → {item['trained_score']:.2f})"
+            scores = (
+                f" ({summary['metric_name']} {item['frozen_score']:.2f} → "
+                f"{item['trained_score']:.2f})"
+            )
         lines += [
             "",
             f"{index}. input: {item['input']}{scores}",
@@ -298,71 +288,7 @@ def render(summary: Mapping[str, Any], training: Mapping[str, Any] | None = None
             f"   - trained: `{item['trained']}`",
             f"   - gold:    `{item['gold']}`",
         ]
-    return "\n".join(lines) + "\n"
-
-
-def training_facts(
-    series: Mapping[str, Sequence[tuple[int, float]]], metric: str
-) -> dict[str, Any]:
-    """Steps, the rollout reward at the first and last step, the share of rollout groups
-    whose candidates were all identical (no signal), and the dev metric's first and last."""
-
-    def ends(key: str) -> list[float] | None:
-        points = series.get(key)
-        return [points[0][1], points[-1][1]] if points else None
-
-    identical = [v for _, v in series.get("train/identical_groups", [])]
-    return {
-        "steps": len(series.get("train/reward", [])),
-        "rollout_reward": ends("train/reward"),
-        "dev_metric": ends(f"val/dev_{metric}"),
-        "dev_reward": ends("val/dev_reward"),
-        "identical_groups": sum(identical) / len(identical) if identical else None,
-        "silent_steps": sum(v >= 1.0 for v in identical),
-    }
-
-
-def training_line(facts: Mapping[str, Any]) -> str:
-    parts = [f"Training: {facts['steps']} steps"]
-    if facts["rollout_reward"]:
-        parts.append(
-            "rollout reward {:.3f} → {:.3f} (first → last step)".format(*facts["rollout_reward"])
-        )
-    if facts["dev_metric"]:
-        parts.append("dev metric {:.3f} → {:.3f}".format(*facts["dev_metric"]))
-    if facts["identical_groups"] is not None:
-        parts.append(
-            f"{facts['identical_groups']:.0%} of rollout groups had identical "
-            f"candidates (no signal); {facts['silent_steps']} steps had no signal at all"
-        )
-    return "; ".join(parts) + "."
-
-
-def training_figure(
-    series: Mapping[str, Sequence[tuple[int, float]]], metric: str, path: Path
-) -> Path | None:
-    """reward and dev metric by step (`training.png`); None when nothing was logged."""
-    from grammarrl.plots import panel_grid
-
-    rewards = {
-        "rollouts (train/reward)": series.get("train/reward", []),
-        "greedy, dev slice (val/dev_reward)": series.get("val/dev_reward", []),
-        "greedy, train slice (val/train_reward)": series.get("val/train_reward", []),
-    }
-    metrics = {
-        f"dev slice (val/dev_{metric})": series.get(f"val/dev_{metric}", []),
-        f"train slice (val/train_{metric})": series.get(f"val/train_{metric}", []),
-    }
-    panels = [
-        (title, {k: v for k, v in lines.items() if v})
-        for title, lines in (
-            ("reward (λ-mixed, σ-scaled)", rewards),
-            (f"{metric}, greedy", metrics),
-        )
-    ]
-    if not any(lines for _, lines in panels):
-        return None
-    return panel_grid(panels, path, columns=2, ylabels=["reward", metric])
+    return lines
 
 
 def write_summary(

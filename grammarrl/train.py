@@ -242,7 +242,6 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
 
 def run_train(cfg: DictConfig) -> dict[str, Any]:
     """Calibrate-if-needed, train, save the adapter, evaluate on the seeded test sets."""
-    from grammarrl.evaluate import evaluate
     from grammarrl.tasks import load_task
 
     L.seed_everything(cfg.seed, workers=True)
@@ -284,6 +283,22 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     adapter = out / "adapter"
     policy.save_pretrained(adapter)
     _save_samples(trainer, module.samples, out)
+    results = evaluate_trained(cfg, policy, tokenizer, task, out, adapter)
+    summary = write_summary(out, task, results, cfg["lambda"], sigma_direct, sigma_reverse)
+    if summary is None:  # no frozen evaluation to compare with: the short table
+        _print_summary(results)
+    else:
+        print("\n" + summary["text"] + f"(written to {out / 'summary.md'} and summary.json)")
+    return results
+
+
+def evaluate_trained(
+    cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, task: Any, out: Path, adapter: Path
+) -> dict[str, dict[str, Any]]:
+    """The trained adapter greedily (results.json), and with beam search and the frozen model
+    (adapter disabled) when `train.eval_beam` / `train.eval_baseline` ask for them."""
+    from grammarrl.evaluate import evaluate
+
     policy.eval()
     # results.json (greedy) is written last: its presence marks the run as complete (a sweep
     # re-run skips the job), so a crash before it re-runs the evaluations on restart.
@@ -297,17 +312,8 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
             results["baseline"] = evaluate(
                 cfg, policy, tokenizer, task, "greedy", out, name="results_baseline"
             )
-    results = {
-        "greedy": evaluate(
-            cfg, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter
-        ),
-        **results,
-    }
-    _print_summary(results)
-    summary = write_summary(out, task, results, cfg["lambda"], sigma_direct, sigma_reverse)
-    if summary is not None:
-        print("\n" + summary["text"] + f"(written to {out / 'summary.md'} and summary.json)")
-    return results
+    greedy = evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter)
+    return {"greedy": greedy, **results}
 
 
 def _save_samples(trainer: L.Trainer, samples: list[dict[str, Any]], out: Path) -> None:

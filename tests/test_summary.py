@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from grammarrl import summary as summ
+from grammarrl.curves import read_metrics
 from grammarrl.results import build_results, write_results
 from grammarrl.rloo import combine_rewards
 from tests.conftest import compose_config, train_in
@@ -142,7 +143,7 @@ def test_examples_and_changed_outputs(run):
 def test_training_facts_and_curves(run):
     out, _, _ = run
     data = json.loads((out / "summary.json").read_text())
-    series = summ.read_metrics(out)
+    series = read_metrics(out)
     assert [s for s, _ in series["val/dev_json_fields_f1"]] == [0, 2]  # labelled dev slice
     facts = data["training"]
     assert facts["steps"] == 2

@@ -38,6 +38,7 @@ from grammarrl.evaluate import (
     save_results,
     score_test_sets,
     sets_summary,
+    test_examples,
 )
 from grammarrl.results import adapter_name, build_results, mean_std
 from grammarrl.rundir import run_dir
@@ -142,15 +143,13 @@ def search(
     method = str(settings.method)
     potential_name = str(settings.potential or default_potential(method))
     potential = make_potential(potential_name, task, model, tokenizer)
-    test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
-    all_examples = [ex for test_set in test_sets for ex in test_set]
+    test_sets, all_examples = test_examples(cfg, task)
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
-
-    greedy = (
-        _greedy_baseline(decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress)
-        if settings.greedy_baseline
-        else None
-    )
+    greedy = None
+    if settings.greedy_baseline:
+        greedy = _greedy_baseline(
+            decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress
+        )
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
         decoder, tokenizer, task, all_examples, potential, settings, int(cfg.seed), progress
@@ -158,14 +157,11 @@ def search(
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
     potential_tokens = potential.forward_tokens
-
     picks = _Selections(task, populations, method, int(settings.posterior_draws), int(cfg.seed))
     selected = picks.selected()
-    rewards = (
-        output_rewards(model, tokenizer, task, all_examples, selected, progress)
-        if cfg.eval.score_rewards
-        else None
-    )
+    rewards = None
+    if cfg.eval.score_rewards:
+        rewards = output_rewards(model, tokenizer, task, all_examples, selected, progress)
     scores, per_set, rows = score_test_sets(
         task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
     )

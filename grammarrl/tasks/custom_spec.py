@@ -180,59 +180,18 @@ def _text(task: DictConfig, key: str, default: str | None = None) -> str | None:
 
 def build_spec(task: DictConfig) -> CustomSpec:
     """Check a merged custom task config and compile its constraint (no tokenizer needed)."""
-    name = str(task.name)
-    builtins = builtin_task_names()
-    if not NAME.fullmatch(name) or name in builtins:
-        raise ConfigError(
-            f"task.name={name!r} is invalid for a custom task: expected letters, "
-            f"digits, _ . - and not a built-in task's name ({', '.join(builtins)})"
-        )
-    if task.get("train") is None:
-        raise ConfigError("task.train is required: the JSONL or CSV file of training inputs")
-    files = {key: _existing_file(task, key) for key in FILE_KEYS if task.get(key) is not None}
-    for key, path in files.items():
-        if path.suffix.lower() not in FORMATS:
-            raise ConfigError(
-                f"task.{key}={task.get(key)}: expected a .jsonl, .ndjson, .csv or .tsv file"
-            )
-    input_field = _text(task, "input_field", "input")
-    output_field = _text(task, "output_field")
-    if not input_field:
-        raise ConfigError("task.input_field is empty: name the field holding the input text")
-    if output_field == input_field:
-        raise ConfigError(f"task.output_field={output_field!r} is also task.input_field")
-    if "demonstrations" in files and not output_field:
-        raise ConfigError(
-            "task.demonstrations needs task.output_field (the field of their outputs)"
-        )
+    name = _checked_name(task)
+    files = _checked_files(task)
+    input_field, output_field = _checked_fields(task, files)
     if int(task.get("num_hints") or 0) != 0:
         raise ConfigError(
             f"task.num_hints={task.num_hints}: hints are not supported for custom "
             "tasks; set task.num_hints=0"
         )
-
-    given = [key for key in CONSTRAINTS if task.get(key) not in (None, "")]
-    if len(given) != 1:
-        keys = ", ".join(f"task.{key}" for key in (given or CONSTRAINTS))
-        raise ConfigError(
-            f"{keys}: a custom task needs exactly one output constraint "
-            f"({'none is set' if not given else 'several are set: keep one'})"
-        )
-    kind = given[0]
+    kind = _constraint_kind(task)
     schema, choices, grammar, describe = constraint_grammar(kind, _constraint_value(task, kind))
     check_lark(grammar, f"task.{kind}")
-
-    metric = str(task.get("metric") or "auto")
-    metric = AUTO_METRIC.get(kind, "exact_match") if metric == "auto" else metric
-    if metric not in METRICS:
-        raise ConfigError(
-            f"task.metric={metric!r} is invalid: expected auto or one of {', '.join(METRICS)}"
-        )
-    if metric == "json_fields_f1" and kind != "json_schema":
-        raise ConfigError(
-            f"task.metric=json_fields_f1 scores JSON fields: it needs "
-            f"task.json_schema, not task.{kind}"
-        )
+    metric = _checked_metric(task, kind)
     instruction = _text(task, "instruction")
     if not instruction:
         raise ConfigError(
@@ -256,6 +215,74 @@ def build_spec(task: DictConfig) -> CustomSpec:
         output_format=_text(task, "output_format", describe),
         reverse_instruction=reverse,
     )
+
+
+def _checked_name(task: DictConfig) -> str:
+    """task.name: a valid name that no built-in task has."""
+    name = str(task.name)
+    builtins = builtin_task_names()
+    if not NAME.fullmatch(name) or name in builtins:
+        raise ConfigError(
+            f"task.name={name!r} is invalid for a custom task: expected letters, "
+            f"digits, _ . - and not a built-in task's name ({', '.join(builtins)})"
+        )
+    return name
+
+
+def _checked_files(task: DictConfig) -> dict[str, Path]:
+    """The data files the task names (task.train required), each existing and of a known format."""
+    if task.get("train") is None:
+        raise ConfigError("task.train is required: the JSONL or CSV file of training inputs")
+    files = {key: _existing_file(task, key) for key in FILE_KEYS if task.get(key) is not None}
+    for key, path in files.items():
+        if path.suffix.lower() not in FORMATS:
+            raise ConfigError(
+                f"task.{key}={task.get(key)}: expected a .jsonl, .ndjson, .csv or .tsv file"
+            )
+    return files
+
+
+def _checked_fields(task: DictConfig, files: dict[str, Path]) -> tuple[str, str]:
+    """(input field, output field or "")."""
+    input_field = _text(task, "input_field", "input")
+    output_field = _text(task, "output_field")
+    if not input_field:
+        raise ConfigError("task.input_field is empty: name the field holding the input text")
+    if output_field == input_field:
+        raise ConfigError(f"task.output_field={output_field!r} is also task.input_field")
+    if "demonstrations" in files and not output_field:
+        raise ConfigError(
+            "task.demonstrations needs task.output_field (the field of their outputs)"
+        )
+    return input_field, output_field
+
+
+def _constraint_kind(task: DictConfig) -> str:
+    """The one output constraint the task sets (json_schema, regex, lark or choices)."""
+    given = [key for key in CONSTRAINTS if task.get(key) not in (None, "")]
+    if len(given) != 1:
+        keys = ", ".join(f"task.{key}" for key in (given or CONSTRAINTS))
+        raise ConfigError(
+            f"{keys}: a custom task needs exactly one output constraint "
+            f"({'none is set' if not given else 'several are set: keep one'})"
+        )
+    return given[0]
+
+
+def _checked_metric(task: DictConfig, kind: str) -> str:
+    """task.metric, `auto` resolved by the constraint's kind."""
+    metric = str(task.get("metric") or "auto")
+    metric = AUTO_METRIC.get(kind, "exact_match") if metric == "auto" else metric
+    if metric not in METRICS:
+        raise ConfigError(
+            f"task.metric={metric!r} is invalid: expected auto or one of {', '.join(METRICS)}"
+        )
+    if metric == "json_fields_f1" and kind != "json_schema":
+        raise ConfigError(
+            f"task.metric=json_fields_f1 scores JSON fields: it needs "
+            f"task.json_schema, not task.{kind}"
+        )
+    return metric
 
 
 def _constraint_value(task: DictConfig, kind: str) -> Any:
