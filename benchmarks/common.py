@@ -10,17 +10,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from grammarrl.chat import encode_prompt
-from grammarrl.config import validate
-
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+from grammarrl.config import compose_job_config, validate
 
 
 @dataclass
@@ -67,11 +63,7 @@ class Bench:
 
     def config(self, *extra: str) -> DictConfig:
         """The composed, validated project config for this bench plus `extra` overrides."""
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(
-                config_name="config",
-                overrides=[f"model={self.model}", "logger=none", *self.overrides, *extra],
-            )
+        cfg = compose_job_config([f"model={self.model}", "logger=none", *self.overrides, *extra])
         validate(cfg)
         return cfg
 

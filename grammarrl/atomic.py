@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from grammarrl.errors import GrammarRLError
 
 
-class ResultsWriteError(GrammarRLError):
+class AtomicWriteError(GrammarRLError):
     """A results, checkpoint or record file could not be written (e.g. disk full); the
     previous file is intact."""
 
@@ -41,7 +41,7 @@ def atomic_write(
             os.unlink(tmp)
         if isinstance(err, OSError):  # disk full, quota, permissions: one clear message
             kept = f"the previous {path.name} is unchanged" if path.exists() else "nothing written"
-            raise ResultsWriteError(f"cannot write {path}: {err.strerror or err}; {kept}") from err
+            raise AtomicWriteError(f"cannot write {path}: {err.strerror or err}; {kept}") from err
         raise
     return path
 

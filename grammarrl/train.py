@@ -14,7 +14,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig
 
-from grammarrl.atomic import ResultsWriteError, atomic_write, write_jsonl
+from grammarrl.atomic import AtomicWriteError, atomic_write, write_jsonl
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
 from grammarrl.callbacks import RUN_RECORD, PhaseTimer, RecordSettings
 from grammarrl.config import device_type, resume_setting
@@ -87,7 +87,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         try:
             atomic_write(path, lambda handle: torch.save(checkpoint, handle), binary=True)
-        except ResultsWriteError as err:
+        except AtomicWriteError as err:
             reason = getattr(err.__cause__, "strerror", None) or err.__cause__
             raise GrammarRLError(
                 f"cannot write checkpoint {path}: {reason}; the previous checkpoint there is intact"

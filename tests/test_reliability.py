@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import grammarrl.module
-from grammarrl.atomic import ResultsWriteError, write_json
+from grammarrl.atomic import AtomicWriteError, write_json
 from grammarrl.data.sources import SAMPLES_DIR
 from grammarrl.errors import ConfigError, DataError, GrammarRLError, ModelError
 from grammarrl.module import NonFiniteLossError
@@ -489,13 +489,13 @@ def test_disk_full_while_writing_results_keeps_the_previous_results(tmp_path, mo
     before = path.read_text(), (tmp_path / "predictions.jsonl").read_text()
     monkeypatch.setattr(os, "fdopen", FullDisk(os.fdopen))
     with pytest.raises(
-        ResultsWriteError,
+        AtomicWriteError,
         match=r"No space left on device; the previous "
         r"predictions.jsonl is unchanged",
     ):
         write_results(tmp_path, {**record, "mean": 0.9}, [{"uid": "b"}])
     with pytest.raises(
-        ResultsWriteError,
+        AtomicWriteError,
         match=r"results.json: No space left on device; the "
         r"previous results.json is unchanged",
     ):
