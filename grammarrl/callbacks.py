@@ -23,25 +23,26 @@ class PhaseTimer(L.Callback):
 
     def __init__(self) -> None:
         self.history: list[dict[str, float]] = []
-        self._clock: dict[str, float] = {}
+        self._started: dict[str, float] = {}  # perf_counter() when each phase began
+        self._backward = 0.0  # this step's backward, seconds
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._clock = {"step": time.perf_counter()}
+        self._started = {"step": time.perf_counter()}
 
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        self._clock["backward"] = time.perf_counter()
+        self._started["backward"] = time.perf_counter()
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._clock["backward"] = time.perf_counter() - self._clock["backward"]
+        self._backward = time.perf_counter() - self._started["backward"]
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        self._clock["optimizer"] = time.perf_counter()
+        self._started["optimizer"] = time.perf_counter()
 
     def on_train_batch_end(
         self,
@@ -54,9 +55,9 @@ class PhaseTimer(L.Callback):
         now = time.perf_counter()
         seconds = {
             **pl_module.step_seconds,
-            "backward": self._clock["backward"],
-            "optimizer": now - self._clock["optimizer"],
-            "step": now - self._clock["step"],
+            "backward": self._backward,
+            "optimizer": now - self._started["optimizer"],
+            "step": now - self._started["step"],
         }
         self.history.append(seconds)
         for phase, value in seconds.items():
