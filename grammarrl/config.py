@@ -24,6 +24,7 @@ from grammarrl.schema import MOVED, SCALARS, SCHEMAS
 MODES = ("train", "eval", "calibrate", "search", "prepare", "export")
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 MODEL_SOURCES = ("hub", "embedded", "tiny")
+KL_PENALTIES = ("loss", "reward")  # where beta's term enters: grammarrl.rloo
 DECODINGS = ("greedy", "beam")
 SEARCH_METHODS = ("rerank", "is", "smc")
 SEARCH_POTENTIALS = ("reverse", "task", "none")
@@ -210,6 +211,7 @@ def _check_scalars(cfg: DictConfig) -> None:
     lam = cfg["lambda"]
     _check(isinstance(lam, (int, float)) and 0.0 <= lam <= 1.0, "lambda", lam, "a number in [0, 1]")
     _check(isinstance(cfg.beta, (int, float)) and cfg.beta >= 0, "beta", cfg.beta, "a number >= 0")
+    _check(cfg.kl_penalty in KL_PENALTIES, "kl_penalty", cfg.kl_penalty, f"one of {KL_PENALTIES}")
     _check(isinstance(cfg.seed, int), "seed", cfg.seed, "an integer")
     _check(
         isinstance(cfg.skip_completed, bool), "skip_completed", cfg.skip_completed, "true or false"

@@ -30,6 +30,7 @@ EXAMPLE_FILE = "example_prompt.json"
 TRAINED_KEYS = (
     "lambda",
     "beta",
+    "kl_penalty",
     "rollout.num_samples",
     "rollout.beam_width",
     "optim.lr",

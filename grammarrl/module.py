@@ -16,7 +16,7 @@ from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import GrammarRLError, ModelError
 from grammarrl.models import enable_activation_checkpointing
 from grammarrl.rewards import ReferenceScorer
-from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
+from grammarrl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, rloo_advantages
 from grammarrl.rng import gather_objects, rng_states, set_rng_states
 from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
@@ -150,8 +150,9 @@ class GrammarRLModule(L.LightningModule):
 
     def step_loss(self, batch: list[Example]) -> StepOutputs:
         """One RL step up to the loss: rollouts and reference scores without gradient, rewards,
-        RLOO advantages, then log pi_theta with gradient from the same deterministic policy that
-        rolled out (LoRA dropout only with `train.policy_dropout`)."""
+        log pi_theta with gradient from the same deterministic policy that rolled out (LoRA
+        dropout only with `train.policy_dropout`), RLOO advantages (of the rewards less
+        β·KL with `kl_penalty=reward`), the loss. `rewards` are the task rewards alone."""
         self.policy.eval()  # rollouts and reference scoring without dropout
         with torch.no_grad():
             out = collect_rollouts(
@@ -166,18 +167,16 @@ class GrammarRLModule(L.LightningModule):
         rewards = combine_rewards(
             out.direct, out.reverse, self.cfg["lambda"], self.sigma_direct, self.sigma_reverse
         )
-        advantages = rloo_advantages(rewards, out.valid)
         policy_train_mode(self.policy, dropout=self.cfg.train.policy_dropout)
         started = time.perf_counter()
         policy_logp = self._policy_logp(out.prompts, out.groups)
         seconds = {**out.seconds, "policy": time.perf_counter() - started}
-        loss, parts = grammarrl_loss(
-            policy_logp,
-            out.ref_logp.to(policy_logp.device),
-            advantages.to(policy_logp.device),
-            self.cfg.beta,
-            out.valid,
-        )
+        ref_logp = out.ref_logp.to(policy_logp.device)
+        beta, shaped = self.cfg.beta, rewards
+        if self.cfg.kl_penalty == "reward":  # β·KL in each candidate's reward, none in the loss
+            shaped, beta = kl_shaped_rewards(rewards, policy_logp, ref_logp, beta), 0.0
+        advantages = rloo_advantages(shaped, out.valid).to(policy_logp.device)
+        loss, parts = grammarrl_loss(policy_logp, ref_logp, advantages, beta, out.valid)
         return StepOutputs(out, rewards, advantages, policy_logp, loss, parts, seconds)
 
     def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import torch
 
+# Where β·(log π_θ − log π_ref) enters (config `kl_penalty`): "loss" adds it to the loss, as the
+# paper writes it (`grammarrl_loss`; its gradient is a uniform −β shift of every advantage, zero
+# in expectation under on-policy sampling); "reward" subtracts it from the reward before RLOO
+# (`kl_shaped_rewards`), the KL-regularised objective of RLOO in Ahmadian et al. (2024).
+
 
 def combine_rewards(
     direct: torch.Tensor,
@@ -14,6 +19,14 @@ def combine_rewards(
 ) -> torch.Tensor:
     """r = (1-λ)·R_direct/σ_direct + λ·R_reverse/σ_reverse."""
     return (1.0 - lam) * direct / sigma_direct + lam * reverse / sigma_reverse
+
+
+def kl_shaped_rewards(
+    rewards: torch.Tensor, policy_logp: torch.Tensor, ref_logp: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """r_i − β·(log π_θ(y_i|x) − log π_ref(y_i|x)), without gradient (`kl_penalty=reward`)."""
+    kl = policy_logp.detach() - ref_logp.detach().to(policy_logp.device)
+    return rewards.detach().to(policy_logp.device) - beta * kl
 
 
 def rloo_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:

@@ -72,6 +72,8 @@ TRAINER_BEFORE = {
     "enable_model_summary": False,
     "use_distributed_sampler": False,
 }
+# Keys added since: the value a config recorded before a key existed was run with.
+ADDED = {"kl_penalty": "loss"}
 RESULTS = ("results*.json", "predictions*.jsonl")
 OUTPUTS = (
     *RESULTS,
@@ -145,8 +147,9 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def current_names(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded config (nested dicts) under the key names of now (`MOVED`, `TRAINER_BEFORE`):
-    a run recorded before a key moved still compares, resumes, aggregates and exports."""
+    """A recorded config (nested dicts) under the key names of now (`MOVED`, `TRAINER_BEFORE`,
+    `ADDED`): a run recorded before a key moved or was added still compares, resumes,
+    aggregates and exports."""
     config = copy.deepcopy(dict(config))
     for old, new in MOVED.items():
         *parents, leaf = old.split(".")
@@ -158,6 +161,8 @@ def current_names(config: Mapping[str, Any]) -> dict[str, Any]:
     trainer = config.get("trainer")
     if isinstance(trainer, dict) and "_target_" not in trainer:
         config["trainer"] = {**TRAINER_BEFORE, **trainer}
+    for key, value in ADDED.items():
+        config.setdefault(key, value)
     return config
 
 

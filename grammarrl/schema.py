@@ -185,6 +185,7 @@ SCALARS = (
     "mode",
     "lambda",
     "beta",
+    "kl_penalty",
     "seed",
     "device",
     "skip_completed",

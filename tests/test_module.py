@@ -124,6 +124,21 @@ def test_an_empty_beam_candidate_is_dropped_through_reward_and_loss(tiny):
     step.loss.backward()
 
 
+def test_kl_penalty_in_the_reward_moves_beta_from_the_loss_into_the_advantages(tiny):
+    """kl_penalty=reward: advantages are RLOO of r − β·(log pi_theta − log pi_ref), the loss has
+    no β term, and the logged rewards stay the task rewards."""
+    overrides = ["beta=0.5", "kl_penalty=reward"]
+    module, batch = make_module(tiny, overrides, trained=True)
+    step = module.step_loss(batch)
+    kl = step.policy_logp.detach() - step.rollouts.ref_logp
+    assert kl.abs().max() > 1e-3  # a trained adapter: the penalty is not zero
+    torch.testing.assert_close(step.advantages, rloo_advantages(step.rewards - 0.5 * kl))
+    valid = step.rollouts.valid
+    expected = -(step.advantages * step.policy_logp)[valid].mean()
+    torch.testing.assert_close(step.loss, expected)
+    torch.testing.assert_close(step.parts["kl"], kl[valid].mean())
+
+
 def test_identical_groups_and_the_no_signal_warning():
     """A group whose valid candidates are all the same output has no RLOO signal; stretches of
     steps where every group is like that are reported once each, with their step range."""

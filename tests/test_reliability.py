@@ -261,7 +261,8 @@ def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tm
 
 def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
     """A job.json written when max_steps, grad_clip and the validation keys lived in optim and
-    trainer (and trainer held no Trainer defaults) reads under today's names: the same job is
+    trainer (and trainer held no Trainer defaults, and kl_penalty did not exist) reads under
+    today's names: the same job is
     skipped, and a changed setting is still named."""
     from grammarrl import rundir
 
@@ -278,8 +279,13 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
     trainer["callbacks"] = config.pop("callbacks")
     for key in rundir.TRAINER_BEFORE:
         del trainer[key]
+    for key in rundir.ADDED:
+        del config[key]
     write_json(tmp_path / "job.json", record)
     assert rundir.plan_job(cfg, tmp_path).done == {"mean": 0.5}
+    other = compose_config(["model=tiny", "mode=train", "logger=none", "kl_penalty=reward"])
+    with pytest.raises(rundir.RunDirConflict, match=r"kl_penalty=loss \(now reward\)"):
+        rundir.plan_job(other, tmp_path)  # not what the old run did
     config["optim"]["max_steps"] = 7
     write_json(tmp_path / "job.json", record)
     plan = rundir.plan_job(cfg, tmp_path)  # more steps: the training run continues

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grammarrl.models import add_lora, enable_activation_checkpointing, load_model, reference_mode
-from grammarrl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
+from grammarrl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, rloo_advantages
 from grammarrl.scoring import sequence_logprobs
 from tests.conftest import compose_config
 
@@ -73,6 +73,27 @@ def test_loss_value_by_hand():
     # 1/2 * [(-1*-1 + 0.1*0.5) + (1*-2 + 0)] = 1/2 * (1.05 - 2) = -0.475
     assert loss.item() == pytest.approx(-0.475)
     assert parts["kl"].item() == pytest.approx(0.25)
+
+
+def test_the_papers_kl_term_only_shifts_every_advantage_by_minus_beta():
+    """d loss / d log pi_theta(y_i) = (−A_i + β)/n: the loss-form KL term adds no per-candidate
+    signal (why `kl_penalty=reward` exists)."""
+    logp = torch.tensor([[-1.0, -2.0, -4.0]], requires_grad=True)
+    ref = torch.tensor([[-3.0, -2.0, -1.0]])
+    adv = torch.tensor([[0.5, -0.2, -0.3]])
+    grammarrl_loss(logp, ref, adv, beta=0.1)[0].backward()
+    torch.testing.assert_close(logp.grad, (-adv + 0.1) / 3)
+
+
+def test_kl_shaped_rewards_penalise_each_candidate_by_its_own_log_ratio():
+    rewards = torch.tensor([[1.0, 1.0, 0.0]])
+    logp = torch.tensor([[-1.0, -3.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-3.0, -3.0, -1.0]])
+    shaped = kl_shaped_rewards(rewards, logp, ref, beta=0.5)
+    torch.testing.assert_close(shaped, torch.tensor([[0.0, 1.0, 0.5]]))
+    assert not shaped.requires_grad
+    # equal task rewards, different log-ratios: the candidate further from pi_ref loses
+    assert rloo_advantages(shaped)[0, 0] < rloo_advantages(shaped)[0, 1]
 
 
 def _candidates():
