@@ -203,6 +203,12 @@ def test_grammar_rejects_near_misses(sample_tasks, tokenizer, name):
         assert task.try_parse(text) is None
 
 
+@pytest.mark.parametrize("value", [["Bergen"], {"span": "Bergen"}, 3, None])
+def test_conll_outputs_with_a_field_that_is_not_a_string_are_invalid(sample_tasks, value):
+    text = json.dumps({"person": "", "organization": "", "location": value, "misc": ""})
+    assert sample_tasks["conll"].try_parse(text) is None
+
+
 def test_grammar_keeps_separators_inside_terminals(sample_tasks):
     assert 'SPACED_TERM: " " TERM' in sample_tasks["gloss"].grammar()
     assert 'PERSON: " \\"\\""' in sample_tasks["conll"].grammar()

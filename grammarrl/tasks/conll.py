@@ -318,7 +318,8 @@ class ConllTask(CorpusTask):
         if tuple(value) != FIELDS:
             raise ValueError(KEY_ORDER)
         for field, span in value.items():
-            if span != "" and span not in self._vocabulary_sets[field]:
+            known = isinstance(span, str) and (span == "" or span in self._vocabulary_sets[field])
+            if not known:  # a list or object is not a span either (and is unhashable)
                 raise ValueError(f"{field}: {span!r} is not in the {field} vocabulary")
         return value
 
