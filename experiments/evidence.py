@@ -44,6 +44,7 @@ KL_WINDOW = 20  # train/kl is averaged over this many last logged steps
 SMOOTH = 10  # moving-average window (logged steps) of the per-step train curves
 REFERENCE_LAMBDA = 0.5  # the paper's default λ: a fixed GrammarRL row and a combined-reward column
 REFERENCE_N = 3  # ... and its N
+PAPER_BETA = 0.02  # labels name β (and kl_penalty) only when they differ from the paper's
 # What fixes the seeded test sets: rows that differ in any of these were scored on other sets.
 TEST_SET_KEYS = ("task.name", "data.split_seed", "eval.num_test_sets", "eval.test_size", "seed")
 MISSING = "missing"
@@ -99,7 +100,14 @@ class TrainingRun:
 
     @property
     def label(self) -> str:
-        return f"λ={format_number(self.lam)}, N={self.n}"
+        """λ and N; β and where its KL term enters too when they are not the paper's."""
+        parts = [f"λ={format_number(self.lam)}", f"N={self.n}"]
+        beta, penalty = self.run.get("beta", PAPER_BETA), self.run.get("kl_penalty", "loss")
+        if beta != PAPER_BETA or penalty != "loss":
+            parts.append(
+                f"β={format_number(beta)}" + (" in the reward" if penalty == "reward" else "")
+            )
+        return ", ".join(parts)
 
     @property
     def finished(self) -> bool:
@@ -288,10 +296,10 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
     paired = (
         (rerank.results.get("selections") or {}).get("is", {}).get("scores") if rerank else None
     )
-    trained = [r.greedy for r in study.train if r.greedy is not None]
     is_reference = paper_tables.where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
-    reference = paper_tables.pick(
-        trained, lambda ev: is_reference(ev) and ev.num_samples == REFERENCE_N
+    references = sorted(
+        (r for r in study.train if r.greedy and is_reference(r.greedy) and r.n == REFERENCE_N),
+        key=lambda r: r.label,
     )
     rows = [
         system("frozen greedy", greedy, "greedy"),
@@ -308,9 +316,10 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
             chosen.greedy if chosen else None,
             "chosen",
         ),
-        system(
-            f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}", reference
-        ),
+    ]
+    fixed = f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}"
+    rows += [system(f"GrammarRL greedy, {r.label}", r.greedy) for r in references] or [
+        system(fixed, None)
     ]
     return rows + proposal_systems(study)
 

@@ -118,11 +118,12 @@ def train_run(
     dev_f1: list[float] | None,
     test: list[float] | None = None,
     rewards: tuple[list[float], list[float]] | None = None,
+    **changes: Any,
 ) -> Path:
-    config = job_config(base, mode="train", **{"lambda": lam, "rollout__num_samples": n})
+    config = job_config(base, mode="train", **{"lambda": lam, "rollout__num_samples": n, **changes})
     path = make_run(
         root,
-        f"lambda={lam},rollout.num_samples={n}",
+        ",".join([f"lambda={lam},rollout.num_samples={n}", *map(str, changes.items())]),
         extra_config=config,
         metrics=metrics_csv(dev_f1) if dev_f1 else None,
     )
@@ -298,6 +299,21 @@ def test_comparison_paired_differences(study: Path):
     assert rows["frozen greedy"][2:4] == ["–", "–"]  # no difference against itself
     # the test-best run (λ=0.5 N=3) has its own row, its test scores did not choose it
     assert rows["GrammarRL greedy, λ=0.5, N=3"][0] == "0.550 ± 0.050"
+
+
+def test_runs_that_differ_in_beta_or_kl_penalty_get_their_own_labelled_rows(
+    study: Path, base_config: dict[str, Any]
+):
+    """A second λ=0.5 N=3 run with β=0.1 in the reward: its own row in the dev choice and in the
+    comparison, named by β and kl_penalty; the paper-setting runs keep their short labels."""
+    changes = {"beta": 0.1, "kl_penalty": "reward"}
+    train_run(study / "train", base_config, 0.5, 3, [0.2, 0.3, 0.3], [0.4] * 3, **changes)
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    tables = tables_of(study / "train" / "aggregate")
+    assert "λ=0.5, N=3, β=0.1 in the reward" in tables["dev_selection"]
+    rows = tables["comparison"]
+    assert rows["GrammarRL greedy, λ=0.5, N=3"][0] == "0.550 ± 0.050"
+    assert rows["GrammarRL greedy, λ=0.5, N=3, β=0.1 in the reward"][0] == "0.400 ± 0.000"
 
 
 def test_mechanism_combines_rewards_with_the_chosen_runs_calibrated_sigmas(study: Path):
