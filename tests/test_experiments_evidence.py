@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments import aggregate as agg
-from experiments import evidence
+from experiments import evidence_training
 from experiments.runs import AggregationError
 from grammarrl.calibration import calibration_conditions
 from grammarrl.results import build_results, mean_std, write_results
@@ -260,11 +260,11 @@ def test_choice_tie_breaks(tmp_path: Path, base_config: dict[str, Any]):
     root = tmp_path / "train"
     train_run(root, base_config, 0.75, 3, [0.2, 0.3, 0.4], [0.1] * 3)
     train_run(root, base_config, 1.0, 10, [0.2, 0.36, 0.4], [0.1] * 3)
-    runs = [evidence.training_run(r) for r in agg.load_sweep([root]).runs]
-    assert evidence.choose(runs).label == "λ=1, N=10"  # higher mean of the last two
+    runs = [evidence_training.training_run(r) for r in agg.load_sweep([root]).runs]
+    assert evidence_training.choose(runs).label == "λ=1, N=10"  # higher mean of the last two
     train_run(root, base_config, 1.0, 3, [0.2, 0.36, 0.4], [0.1] * 3)
-    runs = [evidence.training_run(r) for r in agg.load_sweep([root]).runs]
-    assert evidence.choose(runs).label == "λ=1, N=3"  # same numbers: smaller N
+    runs = [evidence_training.training_run(r) for r in agg.load_sweep([root]).runs]
+    assert evidence_training.choose(runs).label == "λ=1, N=3"  # same numbers: smaller N
 
 
 def test_comparison_paired_differences(study: Path):

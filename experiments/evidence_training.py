@@ -1,0 +1,208 @@
+"""Evidence II, the training runs: their logged curves, the choice of a setting on the dev slice
+only (`choose`, `dev_selection_table`) and the training-curves figure (`training_curves`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from experiments import analysis, figures
+from experiments.runs import Evaluation, format_number
+from experiments.table_format import Block, Cell, Row, Table
+
+if TYPE_CHECKING:
+    from experiments.runs import Run
+
+KL_WINDOW = 20  # train/kl is averaged over this many last logged steps
+SMOOTH = 10  # moving-average window (logged steps) of the per-step train curves
+PAPER_BETA = 0.02  # labels name β (and kl_penalty) only when they differ from the paper's
+METRIC_LABELS = {"micro_f1": "micro-F1", "bleu": "BLEU", "hier_f1": "hier. F1"}
+
+Points = list[tuple[int, float]]
+
+
+def curve(series: Mapping[str, Points], key: str) -> Points:
+    """A logged metric as (step, value) sorted by step; a step logged twice (a resumed run
+    re-ran it) keeps its last value."""
+    return sorted(dict(series.get(key, [])).items())
+
+
+def moving_average(points: Points, window: int = SMOOTH) -> Points:
+    """Trailing moving average over the last `window` logged points."""
+    values = [v for _, v in points]
+    return [
+        (step, sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)))
+        for i, (step, _) in enumerate(points)
+    ]
+
+
+def metric_label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, metric)
+
+
+# --- training runs and the dev-only choice ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One mode=train job: its logged curves and, once finished, its greedy test evaluation
+    (results.json), which is reported but never used to choose."""
+
+    run: Run
+    series: dict[str, Points]
+    greedy: Evaluation | None
+
+    @property
+    def lam(self) -> float:
+        return float(self.greedy.lam if self.greedy else self.run.lam)
+
+    @property
+    def n(self) -> int:
+        return int(self.greedy.num_samples if self.greedy else self.run.get("rollout.num_samples"))
+
+    @property
+    def metric(self) -> str:
+        return self.greedy.metric if self.greedy else str(self.run.get("task.metric", "micro_f1"))
+
+    @property
+    def label(self) -> str:
+        """λ and N; β and where its KL term enters too when they are not the paper's."""
+        parts = [f"λ={format_number(self.lam)}", f"N={self.n}"]
+        beta, penalty = self.run.get("beta", PAPER_BETA), self.run.get("kl_penalty", "loss")
+        if beta != PAPER_BETA or penalty != "loss":
+            parts.append(
+                f"β={format_number(beta)}" + (" in the reward" if penalty == "reward" else "")
+            )
+        return ", ".join(parts)
+
+    @property
+    def finished(self) -> bool:
+        return self.greedy is not None
+
+    def dev(self, name: str) -> Points:
+        return curve(self.series, f"val/dev_{name}")
+
+    def status(self) -> str:
+        if self.finished:
+            return "done"
+        return "failed" if self.run.failure else "unfinished"
+
+    def selection_key(self) -> tuple[float, float, int, float]:
+        """Dev metric at the last validation, then the mean of the last two validations, then
+        smaller N, then smaller λ (rounded, so that float noise breaks no tie)."""
+        values = [v for _, v in self.dev(self.metric)]
+        last_two = values[-2:]
+        return (round(values[-1], 9), round(sum(last_two) / len(last_two), 9), -self.n, -self.lam)
+
+
+def training_run(run: Run) -> TrainingRun:
+    greedy = next((ev for ev in run.evaluations() if ev.name == "results"), None)
+    return TrainingRun(run, analysis.read_metrics(run), greedy)
+
+
+def choose(runs: Sequence[TrainingRun]) -> TrainingRun | None:
+    """The run with the best dev metric at its last validation, among the finished runs (an
+    unfinished one has not reached the same step); ties as `TrainingRun.selection_key`."""
+    candidates = [r for r in runs if r.finished and r.dev(r.metric)]
+    return max(candidates, key=TrainingRun.selection_key, default=None)
+
+
+def _last(points: Points) -> Cell:
+    return Cell(mean=points[-1][1]) if points else Cell()
+
+
+def _before_training(points: Points) -> Cell:
+    """The value logged at step 0 (the validation before the first update), if any."""
+    value = dict(points).get(0)
+    return Cell(mean=value) if value is not None else Cell()
+
+
+def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None) -> Table:
+    """One row per training run: dev metric at step 0, at the last validation and at its best,
+    dev greedy reward at step 0 and last, train KL at the end, dev empty fields at the end."""
+    metric = metric_label(runs[0].metric) if runs else "metric"
+    rows = []
+    for run in sorted(runs, key=lambda r: (r.lam, r.n, r.label)):
+        dev = run.dev(run.metric)
+        reward, empty = run.dev("reward"), run.dev("empty_field_rate")
+        kl = [v for _, v in curve(run.series, "train/kl")][-KL_WINDOW:]
+        best = max(dev, key=lambda p: p[1], default=None)
+        cells = [
+            _before_training(dev),
+            _last(dev),
+            Cell(text=str(dev[-1][0])) if dev else Cell(),
+            Cell(text=f"{best[1]:.3f} (step {best[0]})") if best else Cell(),
+            _before_training(reward),
+            _last(reward),
+            Cell(mean=sum(kl) / len(kl)) if kl else Cell(),
+            _last(empty),
+            Cell(text=run.status()),
+        ]
+        is_chosen = run is chosen
+        rows.append(Row(run.label + (" (chosen)" if is_chosen else ""), cells, shaded=is_chosen))
+    table = Table(
+        "dev_selection",
+        f"Evidence II, choice of the training setting on the dev slice only: dev {metric} of "
+        "greedy decoding before training (step 0), at the last validation and at its best; dev "
+        "reward of the greedy outputs (combined under the run's own λ and σ's) at step 0 and "
+        f"last; train KL averaged over the last {KL_WINDOW} logged steps; dev empty-field rate "
+        "at the last validation.",
+        [
+            "run (λ, N)",
+            f"dev {metric} @0",
+            f"dev {metric} last",
+            "last val. step",
+            f"best dev {metric}",
+            "dev reward @0",
+            "dev reward last",
+            f"train KL (last {KL_WINDOW})",
+            "dev empty fields last (%)",
+            "status",
+        ],
+        [Block(rows)],
+        best=None,
+    )
+    table.notes.append(
+        f"Chosen: the highest dev {metric} at the last validation among finished runs; ties: the "
+        "higher mean of the last two validations, then smaller N, then smaller λ. Test numbers "
+        "are not used. "
+        + (
+            f"Chosen run: {chosen.label} ({chosen.run.path})."
+            if chosen
+            else "No training run has finished yet: none chosen."
+        )
+    )
+    return table
+
+
+# --- figure -------------------------------------------------------------------------------------
+
+PANELS = (
+    ("train/reward", True),
+    ("train/kl", True),
+    ("train/validity", True),
+    ("val/dev_{metric}", False),
+    ("val/dev_empty_field_rate", False),
+    ("val/dev_reward", False),
+)
+
+
+def training_curves(runs: Sequence[TrainingRun], path: Path) -> Path | None:
+    """Train reward, KL and validity (moving averages) and dev metric, empty fields and reward
+    against the training step, one line per run; None when nothing was logged."""
+    panels = []
+    for key, smooth in PANELS:
+        key = key.format(metric=runs[0].metric) if runs else key
+        lines = {}
+        for run in sorted(runs, key=lambda r: (r.lam, r.n, r.label)):
+            points = curve(run.series, key)
+            lines[run.label] = moving_average(points) if smooth else points
+        title = f"{key} (moving avg. {SMOOTH} steps)" if smooth else key
+        if key == "val/dev_reward":
+            title += " (own λ, σ's)"
+        panels.append((title, {label: p for label, p in lines.items() if p}))
+    if not any(lines for _, lines in panels):
+        return None
+    return figures.panel_grid(panels, path)
