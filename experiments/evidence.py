@@ -200,21 +200,24 @@ def _adapter_owner(runs: Sequence[TrainingRun], adapter: str) -> str:
 
 
 def check_test_sets(systems: Sequence[System]) -> None:
-    """Refuse rows scored on other test sets (task, split seed, number, size, seed)."""
+    """Refuse rows scored on other test sets (task, split seed, number, size, seed) or with
+    other model weights' dtype (`model.dtype=auto` differs between machines)."""
     groups: dict[tuple[Any, ...], list[System]] = {}
     for row in systems:
         if row.evaluation is not None:
             key = tuple(row.evaluation.get(k) for k in TEST_SET_KEYS)
-            key += (len(row.scores or ()),)
+            key += (len(row.scores or ()), row.evaluation.results.get("dtype"))
             groups.setdefault(key, []).append(row)
     if len(groups) > 1:
+        names = (*TEST_SET_KEYS, "sets scored", "dtype")
         lines = [
-            f"{', '.join(f'{k}={v}' for k, v in zip((*TEST_SET_KEYS, 'sets scored'), key))}"
+            f"{', '.join(f'{k}={v}' for k, v in zip(names, key))}"
             ": " + "; ".join(f"{row.label} ({row.evaluation.run.path})" for row in rows)
             for key, rows in groups.items()
         ]
         raise AggregationError(
-            "the compared rows were evaluated on different test sets:\n  " + "\n  ".join(lines)
+            "the compared rows were evaluated on different test sets or in another dtype:\n  "
+            + "\n  ".join(lines)
         )
 
 

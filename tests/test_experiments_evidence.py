@@ -377,6 +377,18 @@ def test_rows_on_other_test_sets_are_refused_naming_the_runs(
     assert not (study / "train" / "aggregate").exists()
 
 
+def test_rows_computed_in_another_dtype_are_refused(tmp_path: Path, base_config: dict[str, Any]):
+    """A beam row from a machine where model.dtype=auto meant bfloat16, beside float32 rows."""
+    study = tmp_path / "study"
+    train_sweep(study, base_config)
+    baselines_sweep(study, base_config)
+    path = study / "baselines" / "1_baseline_beam" / "results.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "dtype": "bfloat16"}))
+    with pytest.raises(AggregationError, match="another dtype") as err:
+        agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    assert "dtype=bfloat16: frozen beam(3)" in str(err.value)
+
+
 def test_partial_study_says_missing(tmp_path: Path, base_config: dict[str, Any]):
     study = tmp_path / "study"
     root = study / "train"
