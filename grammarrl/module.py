@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 
 from grammarrl.chat import encode_prompt
-from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.errors import GrammarRLError, ModelError
 from grammarrl.models import enable_activation_checkpointing
 from grammarrl.rewards import ReferenceScorer
@@ -42,6 +42,13 @@ class StepOutputs:
     loss: torch.Tensor
     parts: dict[str, torch.Tensor]
     seconds: dict[str, float]  # wall time per phase: rollout, scoring, policy
+
+
+def log_valid_mass(groups: list[list[Generation]]) -> torch.Tensor:
+    """Σ_t log π_θ(V_t | x, y_<t) per candidate, [inputs, N+1]: the log of the rollout policy's
+    unconstrained mass on the tokens the grammar allowed, summed over the output. The logged
+    `kl` on constrained samples is KL(q_θ‖q_ref) plus the change of this sum from π_ref's."""
+    return torch.tensor([[sum(g.log_allowed_mass) for g in group] for group in groups])
 
 
 def policy_train_mode(policy: torch.nn.Module, dropout: bool) -> None:
@@ -239,6 +246,7 @@ class GrammarRLModule(L.LightningModule):
             "train/candidate_tokens": torch.tensor(
                 [len(g.token_ids) for g in gens], dtype=torch.float
             ).mean(),
+            "train/log_valid_mass": valid_mean(log_valid_mass(out.groups).to(rewards.device)),
         }
         self.log_dict(metrics, batch_size=len(out.examples), prog_bar=False)
         self.log("reward", metrics["train/reward"], prog_bar=True, batch_size=len(out.examples))

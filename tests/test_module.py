@@ -139,6 +139,20 @@ def test_kl_penalty_in_the_reward_moves_beta_from_the_loss_into_the_advantages(t
     torch.testing.assert_close(step.parts["kl"], kl[valid].mean())
 
 
+def test_log_valid_mass_of_a_forced_output_is_its_sequence_log_prob(tiny):
+    """A grammar with one output: every step allows one token, so the policy's log mass on the
+    allowed tokens, summed, is log pi_theta(y|x) as the teacher-forced policy pass computes it."""
+    from grammarrl.decoding import ConstrainedDecoder
+    from grammarrl.module import log_valid_mass
+
+    module, batch = make_module(tiny, [], trained=True)
+    module.decoder = ConstrainedDecoder(module.policy, tiny[1], 'start: "1"', max_new_tokens=4)
+    step = module.step_loss(batch)
+    mass = log_valid_mass(step.rollouts.groups)
+    assert mass.shape == step.policy_logp.shape and (mass < 0).all()
+    torch.testing.assert_close(mass, step.policy_logp.detach(), rtol=0, atol=1e-4)
+
+
 def test_identical_groups_and_the_no_signal_warning():
     """A group whose valid candidates are all the same output has no RLOO signal; stretches of
     steps where every group is like that are reported once each, with their step range."""
