@@ -201,24 +201,38 @@ def _adapter_owner(runs: Sequence[TrainingRun], adapter: str) -> str:
 
 def check_test_sets(systems: Sequence[System]) -> None:
     """Refuse rows scored on other test sets (task, split seed, number, size, seed) or with
-    other model weights' dtype (`model.dtype=auto` differs between machines)."""
-    groups: dict[tuple[Any, ...], list[System]] = {}
-    for row in systems:
-        if row.evaluation is not None:
-            key = tuple(row.evaluation.get(k) for k in TEST_SET_KEYS)
-            key += (len(row.scores or ()), row.evaluation.results.get("dtype"))
-            groups.setdefault(key, []).append(row)
-    if len(groups) > 1:
-        names = (*TEST_SET_KEYS, "sets scored", "dtype")
-        lines = [
-            f"{', '.join(f'{k}={v}' for k, v in zip(names, key))}"
-            ": " + "; ".join(f"{row.label} ({row.evaluation.run.path})" for row in rows)
-            for key, rows in groups.items()
-        ]
-        raise AggregationError(
-            "the compared rows were evaluated on different test sets or in another dtype:\n  "
-            + "\n  ".join(lines)
-        )
+    model weights in another dtype (`model.dtype=auto` differs between machines; a results file
+    that does not record its dtype is taken as compatible)."""
+    scored = [row for row in systems if row.evaluation is not None]
+    for name, key_of in (
+        ("different test sets", _test_set_key),
+        ("another dtype", lambda row: row.evaluation.results.get("dtype")),
+    ):
+        groups: dict[Any, list[System]] = {}
+        for row in scored:
+            key = key_of(row)
+            if key is not None:
+                groups.setdefault(key, []).append(row)
+        if len(groups) > 1:
+            lines = [
+                f"{_describe_key(key)}: "
+                + "; ".join(f"{row.label} ({row.evaluation.run.path})" for row in rows)
+                for key, rows in groups.items()
+            ]
+            raise AggregationError(
+                f"the compared rows were evaluated on {name}:\n  " + "\n  ".join(lines)
+            )
+
+
+def _test_set_key(row: System) -> tuple[Any, ...]:
+    values = tuple(row.evaluation.get(k) for k in TEST_SET_KEYS) + (len(row.scores or ()),)
+    return tuple(zip((*TEST_SET_KEYS, "sets scored"), values))
+
+
+def _describe_key(key: Any) -> str:
+    if isinstance(key, tuple):
+        return ", ".join(f"{k}={v}" for k, v in key)
+    return f"dtype={key}"
 
 
 def _listed(values: Sequence[float], signed: bool = False) -> str:

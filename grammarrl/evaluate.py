@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.errors import DataError
-from grammarrl.results import adapter_name, build_results, write_results
+from grammarrl.results import adapter_name, build_results, dtype_name, write_results
 from grammarrl.rundir import run_dir
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
@@ -377,7 +377,7 @@ def evaluate(
         batch_size=cfg.eval.batch_size,
         adapter=adapter_name(adapter),
         device=str(decoder.device),
-        dtype=str(getattr(model, "dtype", "")).removeprefix("torch."),
+        dtype=dtype_name(model),
         per_set=per_set,
         **check_gold(task, tokenizer, all_examples),
     )

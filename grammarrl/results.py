@@ -68,6 +68,11 @@ def adapter_name(adapter: str | Path | None) -> str | None:
     return str(Path(adapter).absolute()) if adapter else None
 
 
+def dtype_name(model: Any) -> str:
+    """How results name the dtype of the weights that produced them (`bfloat16`, `float32`)."""
+    return str(getattr(model, "dtype", "")).removeprefix("torch.")
+
+
 def build_results(
     *,
     task: str,

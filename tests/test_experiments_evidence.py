@@ -382,6 +382,10 @@ def test_rows_computed_in_another_dtype_are_refused(tmp_path: Path, base_config:
     study = tmp_path / "study"
     train_sweep(study, base_config)
     baselines_sweep(study, base_config)
+    rerank = study / "baselines" / "2_rerank" / "results.json"
+    unrecorded = {k: v for k, v in json.loads(rerank.read_text()).items() if k != "dtype"}
+    rerank.write_text(json.dumps(unrecorded))  # older search results: no dtype, compatible
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
     path = study / "baselines" / "1_baseline_beam" / "results.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "dtype": "bfloat16"}))
     with pytest.raises(AggregationError, match="another dtype") as err:

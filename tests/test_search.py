@@ -474,6 +474,7 @@ def test_run_search_end_to_end_writes_results_and_pairs_rerank_with_is(tiny, tmp
         saved = json.loads((out / "results.json").read_text())
         rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
         assert saved["decoding"] == method and saved["particles"] == 3
+        assert saved["dtype"] == str(model.dtype).removeprefix("torch.")  # rows compare by it
         assert len(saved["scores"]) == 2 and len(rows) == 4
         for key in ("mean_ess", "complete_selected", "weights_vanished", "posterior_weighted"):
             assert key in saved["diagnostics"]

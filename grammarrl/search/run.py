@@ -40,7 +40,7 @@ from grammarrl.evaluate import (
     sets_summary,
     test_examples,
 )
-from grammarrl.results import adapter_name, build_results, mean_std
+from grammarrl.results import adapter_name, build_results, dtype_name, mean_std
 from grammarrl.rundir import run_dir
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
@@ -184,6 +184,7 @@ def search(
         potential_forward_tokens=potential_tokens,
         **sets_summary(cfg, test_sets, len(unique)),
         device=str(decoder.device),
+        dtype=dtype_name(model),
         per_set=per_set,
     )
     return save_results(out, results, rows, name)
