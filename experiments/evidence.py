@@ -193,10 +193,13 @@ def proposal_systems(study: Study) -> list[System]:
 
 
 def _adapter_owner(runs: Sequence[TrainingRun], adapter: str) -> str:
-    """The training run whose adapter a search used (λ, N), else the adapter's run directory."""
+    """The training run whose adapter a search used (λ, N), else the adapter's run directory
+    (`<run>/adapter`) or, for an adapter copied elsewhere, its own directory."""
     target = Path(adapter).resolve()
     owner = next((r for r in runs if (r.run.path / "adapter").resolve() == target), None)
-    return owner.label if owner else target.parent.name
+    if owner:
+        return owner.label
+    return target.parent.name if target.name == "adapter" else target.name
 
 
 def check_test_sets(systems: Sequence[System]) -> None:

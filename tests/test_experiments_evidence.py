@@ -472,6 +472,15 @@ def test_trained_proposal_rows(study: Path, base_config: dict[str, Any]):
     assert found["mechanism"]["IS(10) with the trained proposal (λ=1, N=3)"][1] == "-1.000 ± 0.000"
 
 
+def test_a_proposal_adapter_outside_the_training_runs_is_named_by_its_directory(tmp_path: Path):
+    from experiments.evidence import _adapter_owner
+
+    assert _adapter_owner([], str(tmp_path / "run7" / "adapter")) == "run7"
+    assert (
+        _adapter_owner([], str(tmp_path / "results" / "adapter-lambda0.75")) == "adapter-lambda0.75"
+    )
+
+
 def test_wrong_sweeps_are_errors(study: Path, capsys):
     assert agg.main(["evidence2", str(study / "train")]) == 2
     assert "TRAIN_SWEEP BASELINES_SWEEP" in capsys.readouterr().err
