@@ -102,7 +102,7 @@ evidence-report: venv
 	$(AGG) ablation_lambda $(EVIDENCE) --baselines $(EVIDENCE) --out experiments/results/smollm2-cpu
 
 # Evidence II (issue 16; experiments/results/smollm2-cpu-2.md): the training sweep, 2 jobs at a
-# time, beside the frozen model's rows, one thread per job, into multirun/evidence2/. Hours:
+# time, beside the frozen model's rows, one thread per job, into multirun/evidence2/conll/. Hours:
 # re-run the same command to resume (finished jobs are skipped, training resumes from checkpoints).
 evidence2-cpu: venv
 	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence2_train_cpu hydra/launcher=local hydra.launcher.n_jobs=2 & \

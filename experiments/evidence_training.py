@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 KL_WINDOW = 20  # train/kl is averaged over this many last logged steps
 SMOOTH = 10  # moving-average window (logged steps) of the per-step train curves
 PAPER_BETA = 0.02  # labels name β (and kl_penalty) only when they differ from the paper's
-METRIC_LABELS = {"micro_f1": "micro-F1", "bleu": "BLEU", "hier_f1": "hier. F1"}
+METRIC_LABELS = {"micro_f1": "micro-F1", "bleu": "BLEU", "hierarchical_f1": "hier. F1"}
 
 Points = list[tuple[int, float]]
 

@@ -486,3 +486,24 @@ def test_wrong_sweeps_are_errors(study: Path, capsys):
     assert "TRAIN_SWEEP BASELINES_SWEEP" in capsys.readouterr().err
     with pytest.raises(AggregationError, match="no mode=train runs"):
         agg.aggregate("evidence2", [study / "baselines", study / "train"])
+
+
+@pytest.mark.parametrize(
+    ("task", "fewshot", "hints"), [("conll", 3, 5), ("gloss", 5, 15), ("wos", 1, 0)]
+)
+def test_the_study_on_each_task_composes_its_own_prompts(task, fewshot, hints):
+    """`+experiment/evidence2_task=T` switches the task and its prompt lengths on top of the
+    study's shared settings, and the CoNLL-chosen training setting comes with the transfer sweep."""
+    extra = [] if task == "conll" else [f"+experiment/evidence2_task={task}"]
+    cfg = compose_config(["+experiment=evidence2_transfer_cpu", *extra])
+    assert (cfg.task.name, cfg.task.num_fewshot, cfg.task.num_hints) == (task, fewshot, hints)
+    assert (cfg.eval.test_size, cfg.eval.num_test_sets, cfg.task.max_new_tokens) == (100, 3, 64)
+    assert (cfg.beta, cfg.kl_penalty, cfg.trainer.max_steps) == (0.1, "reward", 120)
+
+
+def test_every_task_metric_has_a_table_label():
+    from grammarrl.tasks import builtin_task_names, task_class, task_targets
+
+    for name in builtin_task_names():
+        metric = task_class({"_target_": task_targets()[name]}).metric_name
+        assert evidence_training.metric_label(metric) != metric, name
