@@ -68,13 +68,17 @@ class TrainingRun:
 
     @property
     def label(self) -> str:
-        """λ and N; β and where its KL term enters too when they are not the paper's."""
+        """λ and N; β and where its KL term enters too when they are not the paper's, and the
+        training seed when it is not the test sets' seed."""
         parts = [f"λ={format_number(self.lam)}", f"N={self.n}"]
         beta, penalty = self.run.get("beta", PAPER_BETA), self.run.get("kl_penalty", "loss")
         if beta != PAPER_BETA or penalty != "loss":
             parts.append(
                 f"β={format_number(beta)}" + (" in the reward" if penalty == "reward" else "")
             )
+        seed = self.run.get("train.seed", self.run.get("seed"))
+        if seed != self.run.get("seed"):
+            parts.append(f"training seed {seed}")
         return ", ".join(parts)
 
     @property

@@ -213,6 +213,7 @@ def _check_scalars(cfg: DictConfig) -> None:
     _check(isinstance(cfg.beta, (int, float)) and cfg.beta >= 0, "beta", cfg.beta, "a number >= 0")
     _check(cfg.kl_penalty in KL_PENALTIES, "kl_penalty", cfg.kl_penalty, f"one of {KL_PENALTIES}")
     _check(isinstance(cfg.seed, int), "seed", cfg.seed, "an integer")
+    _check(isinstance(cfg.train.seed, int), "train.seed", cfg.train.seed, "an integer")
     _check(
         isinstance(cfg.skip_completed, bool), "skip_completed", cfg.skip_completed, "true or false"
     )

@@ -90,7 +90,7 @@ class GrammarRLDataModule(L.LightningDataModule):
         sampler = StepBatchSampler(
             len(self.train),
             self.cfg.optim.batch_size,
-            self.cfg.seed,
+            self.cfg.train.seed,
             self.cfg.trainer.max_steps,
             start=trainer.global_step if trainer is not None else 0,  # restored when resuming
             rank=trainer.global_rank if trainer is not None else 0,
@@ -101,7 +101,7 @@ class GrammarRLDataModule(L.LightningDataModule):
             self.train,
             batch_sampler=sampler,
             collate_fn=_as_list,
-            generator=torch.Generator().manual_seed(self.cfg.seed),
+            generator=torch.Generator().manual_seed(self.cfg.train.seed),
         )
 
     def val_dataloader(self) -> list[DataLoader]:
@@ -112,7 +112,7 @@ class GrammarRLDataModule(L.LightningDataModule):
                 v,
                 batch_size=self.cfg.eval.batch_size,
                 collate_fn=_as_list,
-                generator=torch.Generator().manual_seed(self.cfg.seed),
+                generator=torch.Generator().manual_seed(self.cfg.train.seed),
             )
             for v in self.val
         ]

@@ -31,6 +31,7 @@ TRAINED_KEYS = (
     "lambda",
     "beta",
     "kl_penalty",
+    "train.seed",
     "rollout.num_samples",
     "rollout.beam_width",
     "optim.lr",

@@ -134,7 +134,9 @@ class GrammarRLModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         # A distinct, reproducible sampling stream per rank (DDP: each rank rolls out its inputs).
-        self.generator = torch.Generator(device="cpu").manual_seed(self.cfg.seed + self.global_rank)
+        self.generator = torch.Generator(device="cpu").manual_seed(
+            self.cfg.train.seed + self.global_rank
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.policy.parameters() if p.requires_grad]

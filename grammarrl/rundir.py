@@ -74,6 +74,8 @@ TRAINER_BEFORE = {
 }
 # Keys added since: the value a config recorded before a key existed was run with.
 ADDED = {"kl_penalty": "loss"}
+# Keys split off another since (new -> old): a config recorded before ran with the old key's value.
+SPLIT_FROM = {"train.seed": "seed"}
 RESULTS = ("results*.json", "predictions*.jsonl")
 OUTPUTS = (
     *RESULTS,
@@ -148,7 +150,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def current_names(config: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config (nested dicts) under the key names of now (`MOVED`, `TRAINER_BEFORE`,
-    `ADDED`): a run recorded before a key moved or was added still compares, resumes,
+    `ADDED`, `SPLIT_FROM`): a run recorded before a key moved or was added still compares, resumes,
     aggregates and exports."""
     config = copy.deepcopy(dict(config))
     for old, new in MOVED.items():
@@ -163,6 +165,11 @@ def current_names(config: Mapping[str, Any]) -> dict[str, Any]:
         config["trainer"] = {**TRAINER_BEFORE, **trainer}
     for key, value in ADDED.items():
         config.setdefault(key, value)
+    for new, old in SPLIT_FROM.items():
+        *parents, leaf = new.split(".")
+        node = reduce(lambda n, part: n.setdefault(part, {}), parents, config)
+        if isinstance(node, dict) and leaf not in node and old in config:
+            node[leaf] = config[old]
     return config
 
 

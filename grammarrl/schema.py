@@ -81,6 +81,7 @@ class OptimSchema:
 
 @dataclass
 class TrainSchema:
+    seed: int
     share_prefix: bool
     gradient_checkpointing: bool
     policy_dropout: bool

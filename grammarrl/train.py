@@ -244,7 +244,7 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     """Calibrate-if-needed, train, save the adapter, evaluate on the seeded test sets."""
     from grammarrl.tasks import load_task
 
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.train.seed, workers=True)
     out = run_dir(cfg)
     resume = resolve_resume(cfg, out)
     if resume is not None:

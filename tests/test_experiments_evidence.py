@@ -301,19 +301,22 @@ def test_comparison_paired_differences(study: Path):
     assert rows["GrammarRL greedy, λ=0.5, N=3"][0] == "0.550 ± 0.050"
 
 
-def test_runs_that_differ_in_beta_or_kl_penalty_get_their_own_labelled_rows(
+def test_runs_that_differ_in_beta_kl_penalty_or_training_seed_get_their_own_labelled_rows(
     study: Path, base_config: dict[str, Any]
 ):
-    """A second λ=0.5 N=3 run with β=0.1 in the reward: its own row in the dev choice and in the
-    comparison, named by β and kl_penalty; the paper-setting runs keep their short labels."""
+    """More λ=0.5 N=3 runs, with β=0.1 in the reward and with another training seed: their own
+    rows in the dev choice and in the comparison, named by what differs; the paper-setting runs
+    keep their short labels."""
     changes = {"beta": 0.1, "kl_penalty": "reward"}
     train_run(study / "train", base_config, 0.5, 3, [0.2, 0.3, 0.3], [0.4] * 3, **changes)
+    train_run(study / "train", base_config, 0.5, 3, [0.2, 0.3, 0.3], [0.45] * 3, train__seed=7)
     agg.aggregate("evidence2", [study / "train", study / "baselines"])
     tables = tables_of(study / "train" / "aggregate")
     assert "λ=0.5, N=3, β=0.1 in the reward" in tables["dev_selection"]
     rows = tables["comparison"]
     assert rows["GrammarRL greedy, λ=0.5, N=3"][0] == "0.550 ± 0.050"
     assert rows["GrammarRL greedy, λ=0.5, N=3, β=0.1 in the reward"][0] == "0.400 ± 0.000"
+    assert rows["GrammarRL greedy, λ=0.5, N=3, training seed 7"][0] == "0.450 ± 0.000"
 
 
 def test_mechanism_combines_rewards_with_the_chosen_runs_calibrated_sigmas(study: Path):

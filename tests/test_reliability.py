@@ -261,9 +261,9 @@ def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tm
 
 def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
     """A job.json written when max_steps, grad_clip and the validation keys lived in optim and
-    trainer (and trainer held no Trainer defaults, and kl_penalty did not exist) reads under
-    today's names: the same job is
-    skipped, and a changed setting is still named."""
+    trainer (and trainer held no Trainer defaults, kl_penalty did not exist and `seed` alone
+    seeded training) reads under today's names: the same job is skipped, and a changed setting
+    is still named."""
     from grammarrl import rundir
 
     cfg = compose_config(["model=tiny", "mode=train", "logger=none"])
@@ -281,11 +281,16 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
         del trainer[key]
     for key in rundir.ADDED:
         del config[key]
+    del train["seed"]
     write_json(tmp_path / "job.json", record)
     assert rundir.plan_job(cfg, tmp_path).done == {"mean": 0.5}
-    other = compose_config(["model=tiny", "mode=train", "logger=none", "kl_penalty=reward"])
-    with pytest.raises(rundir.RunDirConflict, match=r"kl_penalty=loss \(now reward\)"):
-        rundir.plan_job(other, tmp_path)  # not what the old run did
+    for change, named in (
+        ("kl_penalty=reward", "kl_penalty=loss"),
+        ("train.seed=1", "train.seed=0"),
+    ):
+        other = compose_config(["model=tiny", "mode=train", "logger=none", change])
+        with pytest.raises(rundir.RunDirConflict, match=rf"{named} \(now"):
+            rundir.plan_job(other, tmp_path)  # not what the old run did
     config["optim"]["max_steps"] = 7
     write_json(tmp_path / "job.json", record)
     plan = rundir.plan_job(cfg, tmp_path)  # more steps: the training run continues

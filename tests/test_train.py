@@ -142,3 +142,25 @@ def test_results_name_the_adapter_that_produced_them(trained):
     adapter = json.loads((out / "results.json").read_text())["adapter"]
     assert adapter == str((out / "adapter").absolute())
     assert json.loads((out / "results_baseline.json").read_text())["adapter"] is None
+
+
+def test_the_training_seed_is_its_own():
+    """`train.seed` follows `seed` unless set; set alone, it reorders training's inputs (and
+    reseeds LoRA init and rollouts) while `seed` still draws the same test sets."""
+    from grammarrl.datamodule import GrammarRLDataModule
+    from grammarrl.tasks import load_task
+
+    def training_order(cfg) -> list[list[str]]:
+        data = GrammarRLDataModule(cfg, load_task(cfg))
+        data.setup()
+        return [[ex.uid for ex in batch] for batch in data.train_dataloader()]
+
+    steps = ["trainer.max_steps=6"]
+    default, other = (
+        compose_config([*TINY_TRAIN, *steps]),
+        compose_config([*TINY_TRAIN, *steps, "train.seed=1"]),
+    )
+    assert default.train.seed == default.seed == 0 and other.seed == 0
+    assert compose_config([*TINY_TRAIN, "seed=4"]).train.seed == 4
+    assert training_order(default) != training_order(other)
+    assert training_order(default) == training_order(compose_config([*TINY_TRAIN, *steps]))
