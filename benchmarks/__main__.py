@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import decoding, rl_step
+from benchmarks import decoding, rl_step, scoring
 from benchmarks.common import Bench, BenchResult, machine, release_memory
 from grammarrl.atomic import write_json
 
@@ -46,10 +46,12 @@ def suite(bench: Bench, full: bool = False) -> list[tuple[str, Callable[[], Benc
             lambda: rl_step.peak_memory(bench, "conll", checkpointing=True),
         ),
         ("rl_step_scaling/conll", lambda: rl_step.scaling(bench, "conll", fewshots, (3, 6))),
+        ("reward_scoring_static_prefix/wos", lambda: scoring.static_prefix(bench, "wos")),
     ]
     extra = [
         ("group_rollout/gloss", lambda: decoding.group_rollout(bench, "gloss")),
         ("eval_batching/wos", lambda: decoding.eval_batching(bench, "wos")),
+        ("reward_scoring_static_prefix/conll", lambda: scoring.static_prefix(bench, "conll")),
     ]
     return core + extra if full or bench.quick else core
 

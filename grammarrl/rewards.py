@@ -14,7 +14,13 @@ import torch
 
 from grammarrl.chat import encode_prompt
 from grammarrl.models import reference_mode
-from grammarrl.scoring import Prefix, common_prefix_length, encode_prefix, sequence_logprobs
+from grammarrl.scoring import (
+    Prefix,
+    common_prefix_length,
+    encode_prefix,
+    positions_run,
+    sequence_logprobs,
+)
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
@@ -39,6 +45,8 @@ class ReferenceScorer:
         self.task = task
         self.share_prefix = share_prefix
         self._reverse_prefix: Prefix | None = None
+        self._forward_prefix: Prefix | None = None
+        self._first_prompt: list[int] | None = None
 
     @torch.no_grad()
     def reverse_static_prefix(self) -> Prefix:
@@ -50,6 +58,27 @@ class ReferenceScorer:
             with reference_mode(self.model):
                 self._reverse_prefix = encode_prefix(self.model, tokens)
         return self._reverse_prefix
+
+    @torch.no_grad()
+    def forward_static_prefix(self, prompt: list[int]) -> Prefix | None:
+        """The part every forward prompt scored so far shares (the instruction; with a static
+        context such as WoS's label hierarchy, the whole system prompt and demonstrations), run
+        once under pi_ref; None before a second, different prompt is seen (or without
+        `share_prefix`). A prompt that shares less shortens it: it is run again, shorter."""
+        if not self.share_prefix:
+            return None
+        known = self._forward_prefix.tokens if self._forward_prefix else self._first_prompt
+        if known is None:
+            self._first_prompt = list(prompt)
+            return None
+        shared = common_prefix_length([known, prompt])
+        if self._forward_prefix is not None and shared == len(known):
+            return self._forward_prefix
+        if shared == 0 or (self._forward_prefix is None and shared == len(prompt) == len(known)):
+            return self._forward_prefix if shared else None  # nothing static, or the same prompt
+        with reference_mode(self.model):
+            self._forward_prefix = encode_prefix(self.model, prompt[:shared])
+        return self._forward_prefix
 
     def input_ids(self, example: Example) -> list[int]:
         """Token ids of x as the assistant turn of the reverse prompt (no end token)."""
@@ -76,8 +105,9 @@ class ReferenceScorer:
                 share_prefix=self.share_prefix,
                 prefix=reverse_prefix,
             )
-        cached = len(reverse_prefix.tokens) if reverse_prefix is not None else 0
-        return logps, sum(len(seq) - cached for seq in sequences)
+        return logps, positions_run(
+            sequences, [len(p) for p in reverse_prompts], self.share_prefix, reverse_prefix
+        )
 
     @torch.no_grad()
     def score(
@@ -88,12 +118,14 @@ class ReferenceScorer:
         candidate_texts: list[str],
     ) -> CandidateScores:
         """Score the candidates (token ids, end-of-turn included) of one input x."""
+        static = self.forward_static_prefix(prompt)
         with reference_mode(self.model):
             forward = sequence_logprobs(
                 self.model,
                 [prompt + c for c in candidates],
                 [len(prompt)] * len(candidates),
                 share_prefix=self.share_prefix,
+                prefix=static,
             )
         reverse, _ = self.reverse_logprobs(example, candidate_texts)
         return CandidateScores(

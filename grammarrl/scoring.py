@@ -75,37 +75,52 @@ def sequence_logprobs(
 
     With `share_prefix`, the longest common prefix (capped so every scored token stays in
     the suffix) is run once and the suffixes are packed after it. A precomputed `prefix`
-    (e.g. a static prompt part under the frozen model) is read from its cache instead.
-    Without either, every sequence is a padded row of its own.
+    (e.g. a static prompt part under the frozen model) is read from its cache, and with
+    `share_prefix` the rest of the common prefix is run once after it. Without either, every
+    sequence is a padded row of its own.
     """
     if len(sequences) != len(score_from):
         raise ValueError("sequences and score_from differ in length")
     if any(not 1 <= start < len(seq) + 1 for seq, start in zip(sequences, score_from)):
         raise ValueError("each score_from must be in [1, len(sequence)]")
-    if prefix is not None:
-        cached = len(prefix.tokens)
-        if any(
-            seq[:cached] != prefix.tokens or start < cached
-            for seq, start in zip(sequences, score_from)
-        ):
-            raise ValueError("every sequence must start with the given prefix, scored after it")
-        return _packed_logprobs(
-            model,
-            [],
-            [seq[cached:] for seq in sequences],
-            [start - cached for start in score_from],
-            prefix,
-        )
-    if not share_prefix:
+    cached = len(prefix.tokens) if prefix is not None else 0
+    if prefix is not None and any(
+        seq[:cached] != prefix.tokens or start < cached for seq, start in zip(sequences, score_from)
+    ):
+        raise ValueError("every sequence must start with the given prefix, scored after it")
+    if prefix is None and not share_prefix:
         return _padded_logprobs(model, sequences, score_from)
-    shared = min(common_prefix_length(sequences), min(score_from))
+    shared = _shared_length(sequences, score_from, share_prefix, cached)
     return _packed_logprobs(
         model,
-        sequences[0][:shared],
+        sequences[0][cached:shared],
         [seq[shared:] for seq in sequences],
         [start - shared for start in score_from],
-        None,
+        prefix,
     )
+
+
+def _shared_length(
+    sequences: list[list[int]], score_from: list[int], share_prefix: bool, cached: int
+) -> int:
+    """Where the packed suffixes start: the tokens before are run once (or read from the cached
+    prefix of length `cached`); capped so every scored token stays in a suffix."""
+    return min(common_prefix_length(sequences), min(score_from)) if share_prefix else cached
+
+
+def positions_run(
+    sequences: list[list[int]],
+    score_from: list[int],
+    share_prefix: bool = True,
+    prefix: Prefix | None = None,
+) -> int:
+    """Token positions the model runs for `sequence_logprobs` with the same arguments (a cached
+    prefix is not run; padded rows count their padding)."""
+    if prefix is None and not share_prefix:
+        return len(sequences) * max(len(seq) for seq in sequences)
+    cached = len(prefix.tokens) if prefix is not None else 0
+    shared = _shared_length(sequences, score_from, share_prefix, cached)
+    return shared - cached + sum(len(seq) - shared for seq in sequences)
 
 
 def _padded_logprobs(

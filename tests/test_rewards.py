@@ -9,7 +9,7 @@ from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import add_lora, reference_mode
 from grammarrl.rewards import ReferenceScorer
-from grammarrl.scoring import sequence_logprobs
+from grammarrl.scoring import common_prefix_length, sequence_logprobs
 from grammarrl.types import Example
 from tests.conftest import compose_config
 from tests.support.tasks import WORDS, ToyTask
@@ -89,3 +89,33 @@ def test_reference_ignores_the_adapter(tiny, cache_dir):
     with reference_mode(policy), torch.no_grad():
         ref_logp = sequence_logprobs(policy, [prompt + cands[0]], [len(prompt)])[0].sum()
     assert ref_logp.item() == pytest.approx(after.ref_logp.item(), abs=1e-4)
+
+
+def test_the_static_part_of_forward_prompts_is_run_once_and_scores_stay_exact(tiny):
+    """After two different inputs, the forward prompts' common part is cached under pi_ref; the
+    scores equal those of a scorer that shares nothing, and a prompt that shares less shortens
+    the cached part instead of being scored against it."""
+    model, tokenizer = tiny
+    task = ToyTask(WORDS)
+    examples = [
+        Example(uid=f"toy/{i}", input=text, target="alpha")
+        for i, text in enumerate(["Alpha waves.", "A beta test.", "Gamma rays are energetic."])
+    ]
+    prompts = [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
+    other = list(prompts[2])
+    other[3] = (other[3] + 1) % len(tokenizer)  # shares 3 tokens only
+    cands = [tokenizer.encode(w, add_special_tokens=False) + [2] for w in ("alpha", "beta")]
+    cached, plain = (
+        ReferenceScorer(model, tokenizer, task),
+        ReferenceScorer(model, tokenizer, task, share_prefix=False),
+    )
+    static = common_prefix_length(prompts[:2])
+    assert static > 10  # the toy task's system prompt and demonstrations
+    for i, (example, prompt) in enumerate(zip([*examples, examples[2]], [*prompts, other])):
+        got = cached.score(example, prompt, cands, ["alpha", "beta"])
+        want = plain.score(example, prompt, cands, ["alpha", "beta"])
+        assert torch.allclose(got.direct, want.direct, atol=1e-5)
+        assert torch.allclose(got.ref_logp, want.ref_logp, atol=1e-4)
+        expected = [None, static, static, 3][i]
+        prefix = cached.forward_static_prefix(prompt)
+        assert (prefix and len(prefix.tokens)) == expected
