@@ -26,6 +26,7 @@ from experiments.runs import (
     Run,
     Sweep,
     load_sweep,
+    where,
 )
 from experiments.table_format import Block, Cell, Row, Table, to_latex, to_markdown
 from grammarrl.tasks import gloss
@@ -105,7 +106,7 @@ def report_main(evals: list[Evaluation], out: Path, args: argparse.Namespace) ->
     trained = [
         ev
         for ev in _first_model(evals)
-        if paper_tables.where(GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev)
+        if where(GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev)
     ]
     return written + curves_figure(
         trained, out, "training_curves", lambda ev: f"λ={paper_tables.lambda_label(ev.lam)}"
@@ -117,7 +118,7 @@ def report_lambda(evals: list[Evaluation], out: Path, args: argparse.Namespace) 
     model_evals = _first_model(evals)
     trained = {ev.task: [] for ev in model_evals}
     for ev in model_evals:
-        if paper_tables.where(GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev):
+        if where(GRAMMARRL, "greedy", rollout=paper_tables.DEFAULT_ROLLOUT)(ev):
             trained[ev.task].append(ev)
     baselines = _baselines(args, model_evals)
     if trained.get("conll"):

@@ -15,19 +15,25 @@ differences against frozen greedy and Sample-Rerank; `mechanism` gives the froze
 rewards of what each system emits (`eval.score_rewards`) and the combined training reward they
 make under the chosen run's σ's. A partial study aggregates: what is missing shows as missing.
 The training runs and the dev-only choice live in `evidence_training`, the σ lookup in
-`evidence_sigmas`.
+`evidence_sigmas`, the systems' rows and the mechanism table in `evidence_mechanism`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from experiments import paper_tables
-from experiments.evidence_sigmas import Sigmas, training_sigmas
+from experiments.evidence_mechanism import (
+    MISSING,
+    REFERENCE_LAMBDA,
+    System,
+    by_role,
+    mechanism_table,
+    system,
+)
+from experiments.evidence_sigmas import training_sigmas
 from experiments.evidence_training import (
     TrainingRun,
     choose,
@@ -36,69 +42,29 @@ from experiments.evidence_training import (
     training_curves,
     training_run,
 )
-from experiments.runs import BASELINE, GRAMMARRL, AggregationError, Evaluation, format_number
+from experiments.runs import (
+    BASELINE,
+    GRAMMARRL,
+    AggregationError,
+    Evaluation,
+    format_number,
+    pick,
+    where,
+)
 from experiments.table_format import Block, Cell, Row, Table
 from grammarrl.results import mean_std
-from grammarrl.rloo import combine_rewards
 
 if TYPE_CHECKING:
     from experiments.runs import Sweep
 
-REFERENCE_LAMBDA = 0.5  # the paper's default λ: a fixed GrammarRL row and a combined-reward column
 REFERENCE_N = 3  # ... and its N
 # What fixes the seeded test sets: rows that differ in any of these were scored on other sets.
 TEST_SET_KEYS = ("task.name", "data.split_seed", "eval.num_test_sets", "eval.test_size", "seed")
-MISSING = "missing"
 SEARCH_LABELS = {"rerank": "Sample-Rerank", "is": "Full IS", "smc": "Full SMC"}
 USAGE = "evidence2 takes TRAIN_SWEEP BASELINES_SWEEP [PROPOSAL_SWEEP]"
 
 
 # --- the systems compared on the test sets ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class System:
-    """One row of the comparison: the evaluation behind it (the Sample-Rerank run's, for the
-    paired IS selection read from it) and its per-set scores; None when missing."""
-
-    label: str
-    evaluation: Evaluation | None
-    scores: tuple[float, ...] | None = None
-    role: str = ""  # greedy, rerank, is (paired selection), chosen: the rows others refer to
-
-    @property
-    def present(self) -> bool:
-        return self.scores is not None
-
-    @property
-    def paired_selection(self) -> bool:
-        """A selection on another method's particles (Full IS on the rerank particles): its
-        outputs were not scored."""
-        return self.role == "is"
-
-    def rewards(self) -> list[tuple[float, float]] | None:
-        """Per test set (mean R_direct, mean R_reverse) of its outputs; None when not scored."""
-        if self.evaluation is None or self.paired_selection:
-            return None
-        values = [
-            (s.get("reward_direct"), s.get("reward_reverse"))
-            for s in self.evaluation.results.get("per_set") or []
-        ]
-        if not values or not all(_finite(d) and _finite(r) for d, r in values):
-            return None
-        return [(float(d), float(r)) for d, r in values]
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def system(label: str, ev: Evaluation | None, role: str = "") -> System:
-    return System(label, ev, tuple(ev.scores) if ev else None, role)
-
-
-def by_role(systems: Sequence[System], role: str) -> System:
-    return next(row for row in systems if row.role == role)
 
 
 @dataclass(frozen=True)
@@ -133,14 +99,14 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
     """Frozen greedy, frozen beam, Sample-Rerank, its paired Full IS selection, GrammarRL greedy
     (dev-chosen, and λ=0.5 N=3), and the searches with a trained proposal."""
     base = study.baselines
-    greedy = paper_tables.pick(base, paper_tables.where(BASELINE, "greedy"))
-    beam = paper_tables.pick(base, paper_tables.where(BASELINE, "beam"))
-    rerank = paper_tables.pick(base, paper_tables.where("search/rerank"))
+    greedy = pick(base, where(BASELINE, "greedy"))
+    beam = pick(base, where(BASELINE, "beam"))
+    rerank = pick(base, where("search/rerank"))
     width = beam.results.get("beam_width") if beam else None
     paired = (
         (rerank.results.get("selections") or {}).get("is", {}).get("scores") if rerank else None
     )
-    is_reference = paper_tables.where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
+    is_reference = where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
     references = sorted(
         (r for r in study.train if r.greedy and is_reference(r.greedy) and r.n == REFERENCE_N),
         key=lambda r: r.label,
@@ -182,7 +148,7 @@ def proposal_systems(study: Study) -> list[System]:
 
     rows = []
     for method, particles, adapter in sorted({key(ev) for ev in searches}):
-        ev = paper_tables.pick(searches, lambda e, k=(method, particles, adapter): key(e) == k)
+        ev = pick(searches, lambda e, k=(method, particles, adapter): key(e) == k)
         name = f"{SEARCH_LABELS.get(method, method).removeprefix('Full ')}({particles})"
         if adapter:
             name += f" with the trained proposal ({_adapter_owner(study.train, adapter)})"
@@ -296,99 +262,6 @@ def comparison_table(systems: Sequence[System]) -> Table:
         ],
         [Block(rows)],
     ).mark_best()
-
-
-# --- rewards of what each system emits ----------------------------------------------------------
-
-
-def mechanism_table(
-    systems: Sequence[System], chosen: TrainingRun | None, sigmas: Sigmas | None
-) -> Table:
-    """Per scored system: its metric, mean R_direct and R_reverse of its outputs, and the
-    combined reward at λ=0.5 and at the chosen λ under the chosen run's σ's."""
-    lambdas = [REFERENCE_LAMBDA]
-    if chosen is not None and abs(chosen.lam - REFERENCE_LAMBDA) > 1e-9:
-        lambdas.append(chosen.lam)
-    metric = metric_label(next((r.evaluation.metric for r in systems if r.evaluation), "metric"))
-    header = ["System", metric, "R_direct", "R_reverse"] + [
-        f"combined, λ={format_number(lam)}" + (" (chosen)" if chosen and lam == chosen.lam else "")
-        for lam in lambdas
-    ]
-    rows = []
-    for row in systems:
-        if row.paired_selection:
-            continue
-        rewards = row.rewards()
-        if not row.present:
-            rows.append(Row(row.label, [Cell(text=MISSING)] + [Cell() for _ in header[2:]]))
-            continue
-        cells = [Cell(*mean_std(row.scores))]
-        if rewards is None:
-            cells += [Cell(text="not scored")] + [Cell() for _ in header[3:]]
-        else:
-            cells += [
-                Cell(*mean_std([d for d, _ in rewards])),
-                Cell(*mean_std([r for _, r in rewards])),
-            ]
-            cells += [
-                Cell(
-                    *mean_std(
-                        [
-                            combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse)
-                            for d, r in rewards
-                        ]
-                    )
-                )
-                if sigmas
-                else Cell()
-                for lam in lambdas
-            ]
-        rows.append(Row(row.label, cells))
-    if sigmas is not None and chosen is not None:
-        basis = (
-            f"the σ's of the chosen run's (N={chosen.n}, B={chosen.greedy.beam_width}) "
-            f"calibration, σ_direct={sigmas.direct:.4f}, σ_reverse={sigmas.reverse:.4f} "
-            f"({sigmas.source})"
-        )
-    else:
-        basis = (
-            "no σ's: no training run has finished"
-            if chosen is None
-            else f"no σ's found for the chosen run {chosen.run.path}"
-        )
-    table = Table(
-        "mechanism",
-        "Evidence II, rewards of each system's test outputs under the frozen reference: mean "
-        "R_direct and R_reverse over a set's outputs with tokens, then mean ± std over test "
-        "sets; combined = (1-λ) R_direct/σ_direct + λ R_reverse/σ_reverse with "
-        + basis
-        + ". The paired IS selection is not listed: its outputs were not scored.",
-        header,
-        [Block(rows)],
-        best=None,
-    )
-    table.notes.extend(_mechanism_notes(systems, lambdas, sigmas))
-    return table
-
-
-def _mechanism_notes(
-    systems: Sequence[System], lambdas: Sequence[float], sigmas: Sigmas | None
-) -> list[str]:
-    """GrammarRL (dev-chosen) − frozen greedy: the change in reward next to the change in F1."""
-    greedy, trained = by_role(systems, "greedy"), by_role(systems, "chosen")
-    ours, theirs = trained.rewards(), greedy.rewards()
-    if sigmas is None or ours is None or theirs is None:
-        return []
-    gain = mean_std(trained.scores)[0] - mean_std(greedy.scores)[0]
-    parts = [f"{metric_label(trained.evaluation.metric)} {gain:+.3f}"]
-    for lam in lambdas:
-        gain = [
-            combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse)
-            - combine_rewards(d0, r0, lam, sigmas.direct, sigmas.reverse)
-            for (d, r), (d0, r0) in zip(ours, theirs)
-        ]
-        parts.append(f"combined reward at λ={format_number(lam)} {mean_std(gain)[0]:+.3f}")
-    return [f"{trained.label} minus frozen greedy (mean over test sets): " + ", ".join(parts) + "."]
 
 
 def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:

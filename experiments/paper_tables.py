@@ -8,11 +8,19 @@ frozen baseline evaluated by several runs).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.runs import BASELINE, GRAMMARRL, AggregationError, Evaluation, format_number
+from experiments.runs import (
+    BASELINE,
+    GRAMMARRL,
+    Evaluation,
+    Predicate,
+    format_number,
+    pick,
+    where,
+)
 from experiments.table_format import Block, Cell, Row, Table
 from grammarrl.tasks import task_label
 
@@ -20,45 +28,6 @@ PAPER_TASK_ORDER = ("gloss", "wos", "conll")  # the paper's columns; other tasks
 MODEL_ORDER = ("1b", "3b", "8b", "smollm2", "tiny")
 DEFAULT_ROLLOUT = (3, 3)  # (N, B) of the paper's main results
 DEFAULT_LAMBDA = 0.5
-
-Predicate = Callable[[Evaluation], bool]
-
-
-def where(
-    system: str | None = None,
-    decoding: str | None = None,
-    lam: float | None = None,
-    rollout: tuple[int, int] | None = None,
-    **fixed: Any,
-) -> Predicate:
-    """A predicate on evaluations; `fixed` compares attributes (task=..., model=...)."""
-
-    def test(ev: Evaluation) -> bool:
-        if system is not None and ev.system != system:
-            return False
-        if decoding is not None and ev.decoding != decoding:
-            return False
-        if lam is not None and (ev.lam is None or abs(float(ev.lam) - lam) > 1e-9):
-            return False
-        if rollout is not None and (ev.num_samples, ev.beam_width) != rollout:
-            return False
-        return all(getattr(ev, key) == value for key, value in fixed.items())
-
-    return test
-
-
-def pick(evals: Iterable[Evaluation], predicate: Predicate) -> Evaluation | None:
-    """The one evaluation matching; duplicates with identical scores collapse, others raise."""
-    found = [ev for ev in evals if predicate(ev)]
-    if not found:
-        return None
-    if any(ev.scores != found[0].scores for ev in found[1:]):
-        paths = "\n  ".join(str(ev.run.path / ev.name) for ev in found)
-        raise AggregationError(
-            f"several runs fill the same table cell ({found[0].label()}):\n  "
-            f"{paths}\naggregate one sweep at a time, or remove the stale runs"
-        )
-    return found[0]
 
 
 def score_cell(ev: Evaluation | None, num_sets: int | None = None) -> Cell:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,3 +286,43 @@ def format_number(value: float | None) -> str:
     if isinstance(value, float) and (math.isnan(value) or not value.is_integer()):
         return f"{value:g}"
     return str(int(value))
+
+
+Predicate = Callable[[Evaluation], bool]
+
+
+def where(
+    system: str | None = None,
+    decoding: str | None = None,
+    lam: float | None = None,
+    rollout: tuple[int, int] | None = None,
+    **fixed: Any,
+) -> Predicate:
+    """A predicate on evaluations; `fixed` compares attributes (task=..., model=...)."""
+
+    def test(ev: Evaluation) -> bool:
+        if system is not None and ev.system != system:
+            return False
+        if decoding is not None and ev.decoding != decoding:
+            return False
+        if lam is not None and (ev.lam is None or abs(float(ev.lam) - lam) > 1e-9):
+            return False
+        if rollout is not None and (ev.num_samples, ev.beam_width) != rollout:
+            return False
+        return all(getattr(ev, key) == value for key, value in fixed.items())
+
+    return test
+
+
+def pick(evals: Iterable[Evaluation], predicate: Predicate) -> Evaluation | None:
+    """The one evaluation matching; duplicates with identical scores collapse, others raise."""
+    found = [ev for ev in evals if predicate(ev)]
+    if not found:
+        return None
+    if any(ev.scores != found[0].scores for ev in found[1:]):
+        paths = "\n  ".join(str(ev.run.path / ev.name) for ev in found)
+        raise AggregationError(
+            f"several runs fill the same table cell ({found[0].label()}):\n  "
+            f"{paths}\naggregate one sweep at a time, or remove the stale runs"
+        )
+    return found[0]
