@@ -31,7 +31,7 @@ lint: venv
 	$(PY) -m ruff format --check .
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow and not integration"

@@ -33,6 +33,7 @@ from experiments.evidence_mechanism import (
     mechanism_table,
     system,
 )
+from experiments.evidence_outputs import outputs_table
 from experiments.evidence_sigmas import training_sigmas
 from experiments.evidence_training import (
     TrainingRun,
@@ -265,8 +266,9 @@ def comparison_table(systems: Sequence[System]) -> Table:
 
 
 def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
-    """The study's tables (dev_selection, comparison, mechanism) and its training-curves figure
-    (written into `out`). Raises AggregationError when rows were scored on other test sets."""
+    """The study's tables (dev_selection, comparison, mechanism, and outputs where the task counts
+    entities) and its training-curves figure (written into `out`). Raises AggregationError when
+    rows were scored on other test sets."""
     study = load_study(sweep)
     chosen = choose(study.train)
     systems = comparison_systems(study, chosen)
@@ -277,5 +279,7 @@ def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
         comparison_table(systems),
         mechanism_table(systems, chosen, sigmas),
     ]
+    outputs = outputs_table(systems)
+    built += [outputs] if outputs else []
     png = training_curves(study.train, out / "training_curves_evidence2.png")
     return built, [png] if png else []

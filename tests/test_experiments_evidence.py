@@ -510,3 +510,44 @@ def test_every_task_metric_has_a_table_label():
     for name in builtin_task_names():
         metric = task_class({"_target_": task_targets()[name]}).metric_name
         assert evidence_training.metric_label(metric) != metric, name
+
+
+def write_predictions(run: Path, outputs: dict[tuple[int, str], tuple[str, int, int, int]]) -> None:
+    """predictions.jsonl: (set, uid) -> (prediction, tp, fp, fn)."""
+    lines = [
+        json.dumps(
+            {"set": s, "uid": uid, "prediction": text, "scores": {"tp": tp, "fp": fp, "fn": fn}}
+        )
+        for (s, uid), (text, tp, fp, fn) in outputs.items()
+    ]
+    (run / "predictions.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_outputs_table_counts_entities_and_identical_outputs(study: Path):
+    """Precision, recall and entities per output from the predictions' tp/fp/fn per test set,
+    and the share of outputs identical to frozen greedy's and Sample-Rerank's; systems without
+    a predictions file are named, not dropped silently."""
+    keys = [(s, uid) for s in range(3) for uid in ("a", "b")]
+    write_predictions(study / "baselines" / "0_baseline_greedy", {k: ("g", 1, 1, 1) for k in keys})
+    rerank = {k: ("g" if k == (0, "a") else f"r{k}", 2, 0, 0) for k in keys}
+    write_predictions(study / "baselines" / "2_rerank", rerank)
+    chosen = study / "train" / "lambda=1.0,rollout.num_samples=3"
+    write_predictions(chosen, {k: (text, 2, 1, 0) for k, (text, _, _, _) in rerank.items()})
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    text = (study / "train" / "aggregate" / "outputs.md").read_text()
+    rows = md_rows(text)
+    assert rows["frozen greedy"] == ["0.500 ± 0.000", "0.500 ± 0.000", "2.000 ± 0.000"] + [
+        "1.000 ± 0.000",
+        "0.167 ± 0.289",
+    ]
+    assert rows["GrammarRL greedy, dev-chosen (λ=1, N=3)"] == [
+        "0.667 ± 0.000",
+        "1.000 ± 0.000",
+        "3.000 ± 0.000",
+        "0.167 ± 0.289",
+        "1.000 ± 0.000",
+    ]
+    assert (
+        "frozen beam(3)" not in rows and "No predictions with entity counts: frozen beam(3)" in text
+    )
+    assert "the gold outputs hold 2.00" in text
