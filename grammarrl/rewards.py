@@ -67,17 +67,17 @@ class ReferenceScorer:
         `share_prefix`). A prompt that shares less shortens it: it is run again, shorter."""
         if not self.share_prefix:
             return None
-        known = self._forward_prefix.tokens if self._forward_prefix else self._first_prompt
-        if known is None:
+        cached = self._forward_prefix
+        known = cached.tokens if cached is not None else self._first_prompt
+        if known is None or (cached is None and prompt == known):
             self._first_prompt = list(prompt)
-            return None
+            return None  # no other prompt seen yet
         shared = common_prefix_length([known, prompt])
-        if self._forward_prefix is not None and shared == len(known):
-            return self._forward_prefix
-        if shared == 0 or (self._forward_prefix is None and shared == len(prompt) == len(known)):
-            return self._forward_prefix if shared else None  # nothing static, or the same prompt
-        with reference_mode(self.model):
-            self._forward_prefix = encode_prefix(self.model, prompt[:shared])
+        if shared == 0:
+            return None
+        if cached is None or shared < len(cached.tokens):
+            with reference_mode(self.model):
+                self._forward_prefix = encode_prefix(self.model, prompt[:shared])
         return self._forward_prefix
 
     def input_ids(self, example: Example) -> list[int]:
