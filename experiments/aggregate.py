@@ -225,7 +225,8 @@ def report_inference(evals: list[Evaluation], out: Path, args: argparse.Namespac
 
 
 def report_evidence2(sweep: Sweep, out: Path) -> list[Path]:
-    """dev_selection, comparison, mechanism (.md, .tex) and training_curves_evidence2.png."""
+    """dev_selection, comparison, mechanism, training_seeds and outputs where they apply (.md,
+    .tex) and training_curves_evidence2.png."""
     built, pngs = evidence.build(sweep, out)
     return [path for table in built for path in write_table(table, out)] + pngs
 

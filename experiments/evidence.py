@@ -34,11 +34,13 @@ from experiments.evidence_mechanism import (
     system,
 )
 from experiments.evidence_outputs import outputs_table
+from experiments.evidence_seeds import seeds_table
 from experiments.evidence_sigmas import training_sigmas
 from experiments.evidence_training import (
     TrainingRun,
     choose,
     dev_selection_table,
+    distinct,
     metric_label,
     training_curves,
     training_run,
@@ -85,7 +87,7 @@ def load_study(sweep: Sweep) -> Study:
     ):
         if not any(run.mode in modes for run in runs):
             raise AggregationError(f"{root}: no mode={'/'.join(modes)} runs ({USAGE})")
-    train = [training_run(run) for run in groups[0] if run.mode == "train"]
+    train = distinct([training_run(run) for run in groups[0] if run.mode == "train"])
     evals = [[ev for run in runs for ev in run.evaluations()] for runs in groups[1:]]
     return Study(train, evals[0], evals[1] if len(evals) > 1 else [])
 
@@ -98,7 +100,8 @@ def _search_label(ev: Evaluation | None, method: str) -> str:
 
 def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]:
     """Frozen greedy, frozen beam, Sample-Rerank, its paired Full IS selection, GrammarRL greedy
-    (dev-chosen, and λ=0.5 N=3), and the searches with a trained proposal."""
+    (dev-chosen first, then every other finished training run, other training seeds last; a
+    missing λ=0.5 N=3 run says so), and the searches with a trained proposal."""
     base = study.baselines
     greedy = pick(base, where(BASELINE, "greedy"))
     beam = pick(base, where(BASELINE, "beam"))
@@ -106,11 +109,6 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
     width = beam.results.get("beam_width") if beam else None
     paired = (
         (rerank.results.get("selections") or {}).get("is", {}).get("scores") if rerank else None
-    )
-    is_reference = where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
-    references = sorted(
-        (r for r in study.train if r.greedy and is_reference(r.greedy) and r.n == REFERENCE_N),
-        key=lambda r: r.label,
     )
     rows = [
         system("frozen greedy", greedy, "greedy"),
@@ -128,10 +126,15 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
             "chosen",
         ),
     ]
-    fixed = f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}"
-    rows += [system(f"GrammarRL greedy, {r.label}", r.greedy) for r in references] or [
-        system(fixed, None)
-    ]
+    others = sorted(
+        (r for r in study.train if r.finished and r is not chosen),
+        key=lambda r: (r.other_seed, r.lam, r.n, r.label),
+    )
+    rows += [system(f"GrammarRL greedy, {r.label}", r.greedy) for r in others]
+    is_reference = where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
+    if not any(r.n == REFERENCE_N and is_reference(r.greedy) for r in [chosen, *others] if r):
+        fixed = f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}"
+        rows.append(system(fixed, None))
     return rows + proposal_systems(study)
 
 
@@ -266,8 +269,8 @@ def comparison_table(systems: Sequence[System]) -> Table:
 
 
 def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
-    """The study's tables (dev_selection, comparison, mechanism, and outputs where the task counts
-    entities) and its training-curves figure (written into `out`). Raises AggregationError when
+    """The study's tables (dev_selection, comparison, mechanism; training_seeds where a setting
+    was trained with several seeds, outputs where the task counts entities) and its training-curves figure (written into `out`). Raises AggregationError when
     rows were scored on other test sets."""
     study = load_study(sweep)
     chosen = choose(study.train)
@@ -279,7 +282,7 @@ def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
         comparison_table(systems),
         mechanism_table(systems, chosen, sigmas),
     ]
-    outputs = outputs_table(systems)
-    built += [outputs] if outputs else []
+    extra = (seeds_table(study.train, systems), outputs_table(systems))
+    built += [table for table in extra if table is not None]
     png = training_curves(study.train, out / "training_curves_evidence2.png")
     return built, [png] if png else []

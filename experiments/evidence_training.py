@@ -4,13 +4,14 @@ only (`choose`, `dev_selection_table`) and the training-curves figure (`training
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments import analysis, figures
 from experiments.runs import Evaluation, format_number
 from experiments.table_format import Block, Cell, Row, Table
+from grammarrl.export import TRAINED_KEYS
 
 if TYPE_CHECKING:
     from experiments.runs import Run
@@ -53,6 +54,7 @@ class TrainingRun:
     run: Run
     series: dict[str, Points]
     greedy: Evaluation | None
+    detail: str = ""  # what tells it from a run of the same label in the study (`distinct`)
 
     @property
     def lam(self) -> float:
@@ -68,18 +70,36 @@ class TrainingRun:
 
     @property
     def label(self) -> str:
-        """λ and N; β and where its KL term enters too when they are not the paper's, and the
-        training seed when it is not the test sets' seed."""
+        """The setting's label, and the training seed when it is not the test sets' seed."""
+        seed = f", training seed {self.training_seed}" if self.other_seed else ""
+        return self.setting_label + seed
+
+    @property
+    def setting_label(self) -> str:
+        """λ and N; β and where its KL term enters too when they are not the paper's; what tells
+        it from a run of the same label (`detail`)."""
         parts = [f"λ={format_number(self.lam)}", f"N={self.n}"]
         beta, penalty = self.run.get("beta", PAPER_BETA), self.run.get("kl_penalty", "loss")
         if beta != PAPER_BETA or penalty != "loss":
             parts.append(
                 f"β={format_number(beta)}" + (" in the reward" if penalty == "reward" else "")
             )
-        seed = self.run.get("train.seed", self.run.get("seed"))
-        if seed != self.run.get("seed"):
-            parts.append(f"training seed {seed}")
-        return ", ".join(parts)
+        return ", ".join(parts + ([self.detail] if self.detail else []))
+
+    @property
+    def training_seed(self) -> int:
+        return int(self.run.get("train.seed", self.run.get("seed")))
+
+    @property
+    def other_seed(self) -> bool:
+        """Trained with another seed than the one that draws the test sets (the study's
+        default training seed): a repetition of a setting, not a setting of its own."""
+        return self.training_seed != self.run.get("seed")
+
+    def setting(self) -> tuple[tuple[str, object], ...]:
+        """What was trained, up to the training seed: task, model and the trained keys."""
+        keys = ("task.name", "model.name", *(k for k in TRAINED_KEYS if k != "train.seed"))
+        return tuple((key, _trained_value(self.run, key)) for key in keys)
 
     @property
     def finished(self) -> bool:
@@ -101,15 +121,41 @@ class TrainingRun:
         return (round(values[-1], 9), round(sum(last_two) / len(last_two), 9), -self.n, -self.lam)
 
 
+def _trained_value(run: Run, key: str) -> object:
+    """A trained key's value; a record from before `kl_penalty` existed trained with `loss`."""
+    return run.get(key, "loss" if key == "kl_penalty" else None)
+
+
 def training_run(run: Run) -> TrainingRun:
     greedy = next((ev for ev in run.evaluations() if ev.name == "results"), None)
     return TrainingRun(run, analysis.read_metrics(run), greedy)
 
 
+def distinct(runs: Sequence[TrainingRun]) -> list[TrainingRun]:
+    """The runs with labels that tell them apart: runs that share a label are named by the
+    trained keys they differ in (`240 steps`, `optim.lr=0.0001`)."""
+    groups: dict[str, list[TrainingRun]] = {}
+    for run in runs:
+        groups.setdefault(run.label, []).append(run)
+    named = {}
+    for same in groups.values():
+        settings = [dict(run.setting()) for run in same]
+        keys = [k for k in settings[0] if len({repr(s[k]) for s in settings}) > 1]
+        for run, values in zip(same, settings):
+            named[id(run)] = ", ".join(_key_text(k, values[k]) for k in keys)
+    return [replace(run, detail=named[id(run)]) if named[id(run)] else run for run in runs]
+
+
+def _key_text(key: str, value: object) -> str:
+    return f"{value} steps" if key == "trainer.max_steps" else f"{key}={value}"
+
+
 def choose(runs: Sequence[TrainingRun]) -> TrainingRun | None:
     """The run with the best dev metric at its last validation, among the finished runs (an
-    unfinished one has not reached the same step); ties as `TrainingRun.selection_key`."""
-    candidates = [r for r in runs if r.finished and r.dev(r.metric)]
+    unfinished one has not reached the same step) trained with the study's own seed (other
+    training seeds repeat a setting: choosing among them would pick a lucky seed); ties as
+    `TrainingRun.selection_key`."""
+    candidates = [r for r in runs if r.finished and r.dev(r.metric) and not r.other_seed]
     return max(candidates, key=TrainingRun.selection_key, default=None)
 
 
@@ -169,11 +215,12 @@ def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None)
         best=None,
     )
     table.notes.append(
-        f"Chosen: the highest dev {metric} at the last validation among finished runs; ties: the "
-        "higher mean of the last two validations, then smaller N, then smaller λ. Test numbers "
-        "are not used. "
+        f"Chosen: the highest dev {metric} at the last validation among finished runs trained "
+        "with the test sets' seed (other training seeds repeat a setting and are not chosen); "
+        "ties: the higher mean of the last two validations, then smaller N, then smaller λ. Test "
+        "numbers are not used. "
         + (
-            f"Chosen run: {chosen.label} ({chosen.run.path})."
+            f"Chosen run: {chosen.label} (run directory {chosen.run.path.name})."
             if chosen
             else "No training run has finished yet: none chosen."
         )

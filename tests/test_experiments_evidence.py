@@ -276,7 +276,9 @@ def test_comparison_paired_differences(study: Path):
         "Sample-Rerank(10)",
         "Full IS(10), paired on the rerank particles",
         "GrammarRL greedy, dev-chosen (λ=1, N=3)",
-        "GrammarRL greedy, λ=0.5, N=3",
+        "GrammarRL greedy, λ=0.5, N=3",  # every other finished run, by λ and N
+        "GrammarRL greedy, λ=0.75, N=3",
+        "GrammarRL greedy, λ=1, N=10",
     ]
     header = rows["System"]
     assert header[2:6] == [
@@ -317,6 +319,67 @@ def test_runs_that_differ_in_beta_kl_penalty_or_training_seed_get_their_own_labe
     assert rows["GrammarRL greedy, λ=0.5, N=3"][0] == "0.550 ± 0.050"
     assert rows["GrammarRL greedy, λ=0.5, N=3, β=0.1 in the reward"][0] == "0.400 ± 0.000"
     assert rows["GrammarRL greedy, λ=0.5, N=3, training seed 7"][0] == "0.450 ± 0.000"
+
+
+def test_runs_of_one_label_are_named_by_the_trained_keys_they_differ_in(
+    study: Path, base_config: dict[str, Any]
+):
+    """A λ=0.75 N=3 run continued to more steps and one with another learning rate: each row
+    names what differs from the runs of the same label; runs of other labels stay short."""
+    train_run(
+        study / "train", base_config, 0.75, 3, [0.2, 0.3, 0.3], [0.2] * 3, trainer__max_steps=400
+    )
+    train_run(study / "train", base_config, 0.75, 3, [0.2, 0.3, 0.3], [0.3] * 3, optim__lr=1e-4)
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    rows = tables_of(study / "train" / "aggregate")["comparison"]
+    named = sorted(label for label in rows if "λ=0.75, N=3" in label)
+    assert named == [
+        "GrammarRL greedy, λ=0.75, N=3, optim.lr=0.0001, 200 steps",
+        "GrammarRL greedy, λ=0.75, N=3, optim.lr=1e-05, 200 steps",
+        "GrammarRL greedy, λ=0.75, N=3, optim.lr=1e-05, 400 steps",
+    ]
+    assert "GrammarRL greedy, λ=0.5, N=3" in rows
+
+
+def test_training_seeds_repeat_a_setting_and_are_never_chosen(
+    study: Path, base_config: dict[str, Any]
+):
+    """Seeds 1 and 2 of the chosen setting (λ=1, N=3), with better dev numbers than seed 0: the
+    choice stays among the study's own seed, and the seeds table gives each seed's paired
+    differences and the mean over seeds."""
+    for seed, test in ((1, [0.4, 0.4, 0.4]), (2, [0.2, 0.2, 0.5])):
+        train_run(study / "train", base_config, 1.0, 3, [0.2, 0.36, 0.9], test, train__seed=seed)
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    out = study / "train" / "aggregate"
+    comparison = tables_of(out)["comparison"]
+    assert "GrammarRL greedy, dev-chosen (λ=1, N=3)" in comparison
+    assert comparison["GrammarRL greedy, λ=1, N=3, training seed 2"][0] == "0.300 ± 0.173"
+    text = (out / "training_seeds.md").read_text()
+    assert "λ=1, N=3" in text
+    rows = md_rows(text)
+    # test F1; vs greedy [0.2, 0.3, 0.4]: diff, sets above; vs rerank [0.3, 0.35, 0.5]: same
+    assert rows["training seed 0"] == [
+        "0.400 ± 0.173",
+        "0.100 ± 0.100",
+        "2/3",
+        "0.017 ± 0.076",
+        "1/3",
+    ]
+    assert rows["training seed 2"] == [
+        "0.300 ± 0.173",
+        "0.000 ± 0.100",
+        "1/3",
+        "-0.083 ± 0.076",
+        "0/3",
+    ]
+    assert rows["mean over 3 seeds"] == [
+        "0.367 ± 0.058",
+        "0.067 ± 0.058",
+        "5/9",
+        "-0.017 ± 0.058",
+        "3/9",
+    ]
+    assert "λ=0.5, N=3" not in text  # trained with one seed: no block
 
 
 def test_mechanism_combines_rewards_with_the_chosen_runs_calibrated_sigmas(study: Path):
