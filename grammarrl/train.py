@@ -107,18 +107,24 @@ class Resume:
 def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
     """The checkpoint to resume from: `train.resume=auto` (default) takes `<run>/checkpoints/
     last.ckpt` when it exists (a restarted run with the same run dir), null starts afresh, a
-    path must be a checkpoint. It must have been trained with this run's settings, except the
-    `CONTINUABLE` ones (more steps, evaluation): a ConfigError names those that differ. A
-    corrupt or truncated checkpoint is a ModelError."""
+    path must be a checkpoint: where the run starts, until it has written its own
+    `last.ckpt`, which a restart then continues from (the same command resumes it). It must
+    have been trained with this run's settings, except the `CONTINUABLE` ones (more steps,
+    evaluation): a ConfigError names those that differ. A corrupt or truncated checkpoint is a
+    ModelError."""
     setting = resume_setting(cfg.train.resume)
     if setting is None:
         return None
-    path = out / "checkpoints" / "last.ckpt" if setting == "auto" else Path(setting)
-    if setting == "auto":
-        for stale in path.parent.glob(".*.tmp"):  # a write cut by a kill
-            stale.unlink(missing_ok=True)
-        if not path.is_file():
-            return None
+    own = out / "checkpoints" / "last.ckpt"
+    for stale in own.parent.glob(".*.tmp"):  # a write cut by a kill
+        stale.unlink(missing_ok=True)
+    path = own if setting == "auto" or own.is_file() else Path(setting)
+    if setting != "auto" and path == own and own.resolve() != Path(setting).resolve():
+        log.info(
+            "train.resume=%s: this run has its own checkpoint %s; continuing from it", setting, own
+        )
+    if not path.is_file():
+        return None
     ckpt = read_checkpoint(path)
     step, record = int(ckpt["global_step"]), ckpt.get(RUN_RECORD)
     if record is None:
@@ -182,17 +188,22 @@ def _write_rows(path: Path, rows: list[dict[str, str]]) -> None:
     atomic_write(path, write)
 
 
-def stash_metrics(out: Path, resume_step: int) -> None:
+def stash_metrics(out: Path, resume: Resume) -> None:
     """Lightning's CSV logger deletes metrics.csv when it starts: on resume, keep the rows of
-    the steps already done in metrics/metrics.resumed.csv (merged back by `merge_metrics`)."""
+    the steps already done in metrics/metrics.resumed.csv (merged back by `merge_metrics`). A
+    run started from another run's checkpoint (`train.resume=PATH`) starts with that run's rows,
+    so its curves begin at step 0."""
     folder = out / "metrics"
     current, kept = folder / "metrics.csv", folder / METRICS_KEPT
+    rows = _read_rows(kept) + _read_rows(current)
+    source = resume.path.parent.parent / "metrics" / "metrics.csv"
+    if not rows and resume.path.parent.parent.resolve() != out.resolve():
+        rows = _read_rows(source)
     rows = [
-        r
-        for r in _read_rows(kept) + _read_rows(current)
-        if r.get("step") not in (None, "") and int(float(r["step"])) < resume_step
+        r for r in rows if r.get("step") not in (None, "") and int(float(r["step"])) < resume.step
     ]
     if rows:
+        folder.mkdir(parents=True, exist_ok=True)
         _write_rows(kept, rows)
     current.unlink(missing_ok=True)
 
@@ -254,7 +265,7 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
             resume.step,
             f"; changed since: {resume.changes}" if resume.changes else "",
         )
-        stash_metrics(out, resume.step)
+        stash_metrics(out, resume)
     task = load_task(cfg)
     task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)  # an empty test pool
     # fails now, not after hours of training

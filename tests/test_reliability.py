@@ -390,9 +390,14 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monke
 
     monkeypatch.undo()
     with caplog.at_level(logging.INFO):
-        _, extended = train_in(tmp_path, ["trainer.max_steps=3", ckpt])
+        longer, extended = train_in(tmp_path, ["trainer.max_steps=3", ckpt])
     assert isinstance(extended, dict), extended
     assert "(2 steps done); changed since: trainer.max_steps=2 (now 3)" in caplog.text
+    # its own directory, with the curves of the run it started from: steps 0, 1 and its own 2
+    with open(longer / "metrics" / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert longer != out
+    assert [int(float(r["step"])) for r in rows if r.get("train/reward")] == [0, 1, 2]
 
 
 def test_hub_model_out_of_reach_is_one_line_naming_model_path(tmp_path):
@@ -590,6 +595,31 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
         resolve_resume(cfg, tmp_path / "run")
     assert not (ckpt.parent / ".last.ckpt.abc.tmp").exists()
     assert resolve_resume(compose_config(["train.resume=null"]), tmp_path / "run") is None
+
+
+def test_an_explicit_resume_is_where_a_run_starts_then_its_own_checkpoint_wins(tmp_path, caplog):
+    """train.resume=PATH starts a new run directory from PATH; once that run has written its own
+    last.ckpt, the same command continues from it instead of going back to PATH."""
+    from grammarrl.callbacks import RUN_RECORD
+
+    def checkpoint(path: Path, step: int) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"config": config_dict(cfg), "sigmas": [1.0, 1.0]}
+        AtomicCheckpointIO().save_checkpoint(
+            {"global_step": step, "state_dict": {}, RUN_RECORD: record}, path
+        )
+        return path
+
+    cfg = compose_config(["trainer.max_steps=10"])
+    start = checkpoint(tmp_path / "shorter" / "checkpoints" / "last.ckpt", 4)
+    cfg = compose_config(["trainer.max_steps=10", f"train.resume={start}"])
+    run = tmp_path / "longer"
+    assert resolve_resume(cfg, run).step == 4  # a fresh directory starts from PATH
+    own = checkpoint(run / "checkpoints" / "last.ckpt", 7)
+    with caplog.at_level(logging.INFO):
+        resumed = resolve_resume(cfg, run)
+    assert (resumed.path, resumed.step) == (own, 7)
+    assert "this run has its own checkpoint" in caplog.text
 
 
 def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
