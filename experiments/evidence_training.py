@@ -132,11 +132,12 @@ def training_run(run: Run) -> TrainingRun:
 
 
 def distinct(runs: Sequence[TrainingRun]) -> list[TrainingRun]:
-    """The runs with labels that tell them apart: runs that share a label are named by the
-    trained keys they differ in (`240 steps`, `optim.lr=0.0001`)."""
+    """The runs with labels that tell them apart: runs that share a setting label (their
+    training seeds aside) are named by the trained keys they differ in (`240 steps`,
+    `optim.lr=0.0001`)."""
     groups: dict[str, list[TrainingRun]] = {}
     for run in runs:
-        groups.setdefault(run.label, []).append(run)
+        groups.setdefault(run.setting_label, []).append(run)
     named = {}
     for same in groups.values():
         settings = [dict(run.setting()) for run in same]

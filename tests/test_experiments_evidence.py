@@ -330,12 +330,14 @@ def test_runs_of_one_label_are_named_by_the_trained_keys_they_differ_in(
         study / "train", base_config, 0.75, 3, [0.2, 0.3, 0.3], [0.2] * 3, trainer__max_steps=400
     )
     train_run(study / "train", base_config, 0.75, 3, [0.2, 0.3, 0.3], [0.3] * 3, optim__lr=1e-4)
+    train_run(study / "train", base_config, 0.75, 3, [0.2, 0.3, 0.3], [0.3] * 3, train__seed=1)
     agg.aggregate("evidence2", [study / "train", study / "baselines"])
     rows = tables_of(study / "train" / "aggregate")["comparison"]
     named = sorted(label for label in rows if "λ=0.75, N=3" in label)
     assert named == [
         "GrammarRL greedy, λ=0.75, N=3, optim.lr=0.0001, 200 steps",
         "GrammarRL greedy, λ=0.75, N=3, optim.lr=1e-05, 200 steps",
+        "GrammarRL greedy, λ=0.75, N=3, optim.lr=1e-05, 200 steps, training seed 1",
         "GrammarRL greedy, λ=0.75, N=3, optim.lr=1e-05, 400 steps",
     ]
     assert "GrammarRL greedy, λ=0.5, N=3" in rows
