@@ -270,8 +270,9 @@ def comparison_table(systems: Sequence[System]) -> Table:
 
 def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
     """The study's tables (dev_selection, comparison, mechanism; training_seeds where a setting
-    was trained with several seeds, outputs where the task counts entities) and its training-curves figure (written into `out`). Raises AggregationError when
-    rows were scored on other test sets."""
+    was trained with several seeds, outputs where the task counts entities) and its
+    training-curves figure (written into `out`). Raises AggregationError when rows were scored
+    on other test sets."""
     study = load_study(sweep)
     chosen = choose(study.train)
     systems = comparison_systems(study, chosen)

@@ -36,7 +36,7 @@ def seeds_table(runs: Sequence[TrainingRun], systems: Sequence[System]) -> Table
         blocks.append(Block(rows, title=same[0].setting_label))
     if not blocks:
         return None
-    metric = metric_label(same[0].metric)
+    metric = metric_label(runs[0].metric)
     return Table(
         "training_seeds",
         f"Evidence II, training seeds: GrammarRL greedy {metric} of each training seed on the "
@@ -60,7 +60,7 @@ def seeds_table(runs: Sequence[TrainingRun], systems: Sequence[System]) -> Table
 def _cells(per_seed: list[list[float]], greedy: System, rerank: System) -> list[Cell]:
     """Cells of one seed (`per_seed` of length 1: spread over sets) or of several (spread over
     the seeds' means)."""
-    cells = [_spread([mean_std(s)[0] for s in per_seed], per_seed)]
+    cells = [_spread(per_seed)]
     for reference in (greedy, rerank):
         if not reference.present:
             cells += [Cell(), Cell()]
@@ -68,11 +68,14 @@ def _cells(per_seed: list[list[float]], greedy: System, rerank: System) -> list[
         diffs = [[a - b for a, b in zip(s, reference.scores)] for s in per_seed]
         above = sum(d > 0 for seed in diffs for d in seed)
         cells += [
-            _spread([mean_std(d)[0] for d in diffs], diffs),
+            _spread(diffs),
             Cell(text=f"{above}/{sum(map(len, diffs))}"),
         ]
     return cells
 
 
-def _spread(means: list[float], values: list[list[float]]) -> Cell:
-    return Cell(*mean_std(values[0] if len(values) == 1 else means))
+def _spread(per_seed: list[list[float]]) -> Cell:
+    """Mean ± std over the sets of one seed, or over the means of several."""
+    if len(per_seed) == 1:
+        return Cell(*mean_std(per_seed[0]))
+    return Cell(*mean_std([mean_std(values)[0] for values in per_seed]))

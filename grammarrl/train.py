@@ -196,9 +196,9 @@ def stash_metrics(out: Path, resume: Resume) -> None:
     folder = out / "metrics"
     current, kept = folder / "metrics.csv", folder / METRICS_KEPT
     rows = _read_rows(kept) + _read_rows(current)
-    source = resume.path.parent.parent / "metrics" / "metrics.csv"
-    if not rows and resume.path.parent.parent.resolve() != out.resolve():
-        rows = _read_rows(source)
+    source = resume.path.parent.parent / "metrics"  # <run>/checkpoints/last.ckpt -> <run>/metrics
+    if not rows and source.resolve() != folder.resolve():
+        rows = _read_rows(source / METRICS_KEPT) + _read_rows(source / "metrics.csv")
     rows = [
         r for r in rows if r.get("step") not in (None, "") and int(float(r["step"])) < resume.step
     ]
