@@ -135,16 +135,16 @@ def distinct(runs: Sequence[TrainingRun]) -> list[TrainingRun]:
     """The runs with labels that tell them apart: runs that share a setting label (their
     training seeds aside) are named by the trained keys they differ in (`240 steps`,
     `optim.lr=0.0001`)."""
-    groups: dict[str, list[TrainingRun]] = {}
+    settings: dict[str, list[dict[str, object]]] = {}
     for run in runs:
-        groups.setdefault(run.setting_label, []).append(run)
-    named = {}
-    for same in groups.values():
-        settings = [dict(run.setting()) for run in same]
-        keys = [k for k in settings[0] if len({repr(s[k]) for s in settings}) > 1]
-        for run, values in zip(same, settings):
-            named[id(run)] = ", ".join(_key_text(k, values[k]) for k in keys)
-    return [replace(run, detail=named[id(run)]) if named[id(run)] else run for run in runs]
+        settings.setdefault(run.setting_label, []).append(dict(run.setting()))
+
+    def detail(run: TrainingRun) -> str:
+        same, values = settings[run.setting_label], dict(run.setting())
+        keys = [k for k in values if len({repr(other[k]) for other in same}) > 1]
+        return ", ".join(_key_text(k, values[k]) for k in keys)
+
+    return [replace(run, detail=detail(run)) for run in runs]
 
 
 def _key_text(key: str, value: object) -> str:
