@@ -1,5 +1,6 @@
-"""Lightning callbacks of a training run: per-phase step timing, and the run's settings in
-every checkpoint (the progress bar is `grammarrl.progress.StepProgressBar`)."""
+"""Lightning callbacks of a training run: per-phase step timing, the run's settings in every
+checkpoint, and logged steps that stay optimizer steps across resumes (the progress bar is
+`grammarrl.progress.StepProgressBar`)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,18 @@ class RecordSettings(L.Callback):
             "config": self.config,
             "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse],
         }
+
+
+class LoggedStepIsGlobalStep(L.Callback):
+    """Log every training row at the optimizer step it belongs to, also after a resume.
+
+    Lightning logs at its loop counter `_batches_that_stepped`, which equals `global_step` in a
+    fresh run. On restore it adds one, assuming the checkpoint was written before that counter
+    moved (true for `ModelCheckpoint` mid-epoch, false for the `save_checkpoint` after `fit`):
+    each resume then shifted the metrics' `step` column by one. Set the counter from
+    `global_step` (restored exactly) before each step logs."""
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step

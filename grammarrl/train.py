@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from grammarrl.atomic import AtomicWriteError, atomic_write, write_jsonl
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
-from grammarrl.callbacks import RUN_RECORD, PhaseTimer, RecordSettings
+from grammarrl.callbacks import RUN_RECORD, LoggedStepIsGlobalStep, PhaseTimer, RecordSettings
 from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
@@ -245,7 +245,14 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
         accelerator=accelerator,
         devices=devices,
         logger=build_loggers(cfg, out),
-        callbacks=[checkpoint, RecordSettings(cfg), PhaseTimer(), StepProgressBar(), *extra],
+        callbacks=[
+            checkpoint,
+            RecordSettings(cfg),
+            LoggedStepIsGlobalStep(),
+            PhaseTimer(),
+            StepProgressBar(),
+            *extra,
+        ],
         default_root_dir=str(out),
         plugins=[AtomicCheckpointIO()],
     )

@@ -400,6 +400,20 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monke
     assert [int(float(r["step"])) for r in rows if r.get("train/reward")] == [0, 1, 2]
 
 
+def test_a_resumed_run_logs_each_step_at_its_own_number(tmp_path):
+    """A validation at the last step before a resume used to shift every later training row of
+    metrics.csv one step to the right (Lightning's restore adds one to its logging counter)."""
+    validated = ["trainer.val_check_interval=2"]
+    out, results = train_in(tmp_path, ["trainer.max_steps=2", *validated])
+    assert isinstance(results, dict), results
+    ckpt = f"train.resume={out / 'checkpoints' / 'last.ckpt'}"
+    longer, extended = train_in(tmp_path, ["trainer.max_steps=4", ckpt, *validated])
+    assert isinstance(extended, dict), extended
+    with open(longer / "metrics" / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(float(r["step"])) for r in rows if r.get("train/reward")] == [0, 1, 2, 3]
+
+
 def test_hub_model_out_of_reach_is_one_line_naming_model_path(tmp_path):
     offline = cli(
         "task=wos",
