@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 KL_WINDOW = 20  # train/kl is averaged over this many last logged steps
 SMOOTH = 10  # moving-average window (logged steps) of the per-step train curves
 PAPER_BETA = 0.02  # labels name β (and kl_penalty) only when they differ from the paper's
+PENALTY_LABELS = {"reward": " in the reward", "grammar": " in the reward, grammar KL"}
 METRIC_LABELS = {"micro_f1": "micro-F1", "bleu": "BLEU", "hierarchical_f1": "hier. F1"}
 
 Points = list[tuple[int, float]]
@@ -81,9 +82,7 @@ class TrainingRun:
         parts = [f"λ={format_number(self.lam)}", f"N={self.n}"]
         beta, penalty = self.run.get("beta", PAPER_BETA), self.run.get("kl_penalty", "loss")
         if beta != PAPER_BETA or penalty != "loss":
-            parts.append(
-                f"β={format_number(beta)}" + (" in the reward" if penalty == "reward" else "")
-            )
+            parts.append(f"β={format_number(beta)}" + PENALTY_LABELS.get(penalty, ""))
         return ", ".join(parts + ([self.detail] if self.detail else []))
 
     @property

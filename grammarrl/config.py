@@ -24,7 +24,7 @@ from grammarrl.schema import MOVED, SCALARS, SCHEMAS
 MODES = ("train", "eval", "calibrate", "search", "prepare", "export")
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 MODEL_SOURCES = ("hub", "embedded", "tiny")
-KL_PENALTIES = ("loss", "reward")  # where beta's term enters: grammarrl.rloo
+KL_PENALTIES = ("loss", "reward", "grammar")  # where beta's term enters: grammarrl.rloo
 DECODINGS = ("greedy", "beam")
 SEARCH_METHODS = ("rerank", "is", "smc")
 SEARCH_POTENTIALS = ("reverse", "task", "none")

@@ -44,11 +44,13 @@ class StepOutputs:
     seconds: dict[str, float]  # wall time per phase: rollout, scoring, policy
 
 
-def log_valid_mass(groups: list[list[Generation]]) -> torch.Tensor:
-    """Σ_t log π_θ(V_t | x, y_<t) per candidate, [inputs, N+1]: the log of the rollout policy's
-    unconstrained mass on the tokens the grammar allowed, summed over the output. The logged
-    `kl` on constrained samples is KL(q_θ‖q_ref) plus the change of this sum from π_ref's."""
-    return torch.tensor([[sum(g.log_allowed_mass) for g in group] for group in groups])
+def summed_per_candidate(groups: list[list[Generation]], field: str) -> torch.Tensor:
+    """A per-token `Generation` field summed over each candidate's output, [inputs, N+1], as
+    the rollout policy computed it. `log_allowed_mass`: Σ_t log π_θ(V_t | x, y_<t), the log of
+    its unconstrained mass on the tokens the grammar allowed (the logged `kl` on constrained
+    samples is KL(q_θ‖q_ref) plus the change of this sum from π_ref's); `logp_constrained`:
+    log q_θ(y|x), the grammar-constrained policy's log-probability of the output."""
+    return torch.tensor([[sum(getattr(g, field)) for g in group] for group in groups])
 
 
 def policy_train_mode(policy: torch.nn.Module, dropout: bool) -> None:
@@ -161,7 +163,7 @@ class GrammarRLModule(L.LightningModule):
         """One RL step up to the loss: rollouts and reference scores without gradient, rewards,
         log pi_theta with gradient from the same deterministic policy that rolled out (LoRA
         dropout only with `train.policy_dropout`), RLOO advantages (of the rewards less
-        β·KL with `kl_penalty=reward`), the loss. `rewards` are the task rewards alone."""
+        β·KL with `kl_penalty=reward` or `grammar`), the loss. `rewards` are the task rewards alone."""
         self.policy.eval()  # rollouts and reference scoring without dropout
         with torch.no_grad():
             out = collect_rollouts(
@@ -182,8 +184,11 @@ class GrammarRLModule(L.LightningModule):
         seconds = {**out.seconds, "policy": time.perf_counter() - started}
         ref_logp = out.ref_logp.to(policy_logp.device)
         beta, shaped = self.cfg.beta, rewards
-        if self.cfg.kl_penalty == "reward":  # β·KL in each candidate's reward, none in the loss
-            shaped, beta = kl_shaped_rewards(rewards, policy_logp, ref_logp, beta), 0.0
+        if self.cfg.kl_penalty != "loss":  # β·KL in each candidate's reward, none in the loss
+            own = policy_logp  # "reward": the unconstrained log π_θ; "grammar": log q_θ
+            if self.cfg.kl_penalty == "grammar":
+                own = summed_per_candidate(out.groups, "logp_constrained").to(ref_logp.device)
+            shaped, beta = kl_shaped_rewards(rewards, own, ref_logp, beta), 0.0
         advantages = rloo_advantages(shaped, out.valid).to(policy_logp.device)
         loss, parts = grammarrl_loss(policy_logp, ref_logp, advantages, beta, out.valid)
         return StepOutputs(out, rewards, advantages, policy_logp, loss, parts, seconds)
@@ -220,12 +225,16 @@ class GrammarRLModule(L.LightningModule):
 
     def _log_step(self, out, rewards, advantages, loss, parts) -> None:
         gens = [g for group in out.groups for g in group]
-        valid = out.valid.to(rewards.device)  # rewards, scores and advantages share a device
+        device = rewards.device  # rewards, scores and advantages share a device
+        valid = out.valid.to(device)
         best = rewards.masked_fill(~valid, float("-inf")).argmax(dim=-1)
         beam_best = (best == rewards.shape[-1] - 1).float().mean()
 
         def valid_mean(values: torch.Tensor) -> torch.Tensor:
             return values[valid].mean()
+
+        def sums(field: str) -> torch.Tensor:
+            return summed_per_candidate(out.groups, field).to(device)
 
         identical = identical_groups(out.groups, out.valid)
         warning = self.signal.update(self.global_step, bool(identical.all()))
@@ -248,7 +257,8 @@ class GrammarRLModule(L.LightningModule):
             "train/candidate_tokens": torch.tensor(
                 [len(g.token_ids) for g in gens], dtype=torch.float
             ).mean(),
-            "train/log_valid_mass": valid_mean(log_valid_mass(out.groups).to(rewards.device)),
+            "train/log_valid_mass": valid_mean(sums("log_allowed_mass")),
+            "train/kl_grammar": valid_mean(sums("logp_constrained") - out.ref_logp.to(device)),
         }
         self.log_dict(metrics, batch_size=len(out.examples), prog_bar=False)
         self.log("reward", metrics["train/reward"], prog_bar=True, batch_size=len(out.examples))

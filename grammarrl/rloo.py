@@ -7,7 +7,11 @@ import torch
 # Where β·(log π_θ − log π_ref) enters (config `kl_penalty`): "loss" adds it to the loss, as the
 # paper writes it (`grammarrl_loss`; its gradient is a uniform −β shift of every advantage, zero
 # in expectation under on-policy sampling); "reward" subtracts it from the reward before RLOO
-# (`kl_shaped_rewards`), the KL-regularised objective of RLOO in Ahmadian et al. (2024).
+# (`kl_shaped_rewards`), the KL-regularised objective of RLOO in Ahmadian et al. (2024);
+# "grammar" subtracts β·(log q_θ − log π_ref) from the reward instead, with q_θ the
+# grammar-constrained policy the candidates were drawn from: in expectation KL(q_θ ‖ π_ref
+# restricted to the grammar) up to a constant, whose regularised optimum is
+# π_ref(y)·1[y ∈ L(G)]·exp(r(y)/β), the grammar posterior that importance sampling targets.
 
 
 def combine_rewards(
@@ -24,7 +28,8 @@ def combine_rewards(
 def kl_shaped_rewards(
     rewards: torch.Tensor, policy_logp: torch.Tensor, ref_logp: torch.Tensor, beta: float
 ) -> torch.Tensor:
-    """r_i − β·(log π_θ(y_i|x) − log π_ref(y_i|x)), without gradient (`kl_penalty=reward`)."""
+    """r_i − β·(log π_θ(y_i|x) − log π_ref(y_i|x)), without gradient (`kl_penalty=reward`;
+    with the constrained log q_θ as `policy_logp`, `kl_penalty=grammar`)."""
     kl = policy_logp.detach() - ref_logp.detach().to(policy_logp.device)
     return rewards.detach().to(policy_logp.device) - beta * kl
 

@@ -312,6 +312,8 @@ def test_runs_that_differ_in_beta_kl_penalty_or_training_seed_get_their_own_labe
     changes = {"beta": 0.1, "kl_penalty": "reward"}
     train_run(study / "train", base_config, 0.5, 3, [0.2, 0.3, 0.3], [0.4] * 3, **changes)
     train_run(study / "train", base_config, 0.5, 3, [0.2, 0.3, 0.3], [0.45] * 3, train__seed=7)
+    grammar_kl = {"beta": 1.0, "kl_penalty": "grammar"}
+    train_run(study / "train", base_config, 0.5, 3, [0.2, 0.3, 0.3], [0.35] * 3, **grammar_kl)
     agg.aggregate("evidence2", [study / "train", study / "baselines"])
     tables = tables_of(study / "train" / "aggregate")
     assert "λ=0.5, N=3, β=0.1 in the reward" in tables["dev_selection"]
@@ -319,6 +321,7 @@ def test_runs_that_differ_in_beta_kl_penalty_or_training_seed_get_their_own_labe
     assert rows["GrammarRL greedy, λ=0.5, N=3"][0] == "0.550 ± 0.050"
     assert rows["GrammarRL greedy, λ=0.5, N=3, β=0.1 in the reward"][0] == "0.400 ± 0.000"
     assert rows["GrammarRL greedy, λ=0.5, N=3, training seed 7"][0] == "0.450 ± 0.000"
+    assert rows["GrammarRL greedy, λ=0.5, N=3, β=1 in the reward, grammar KL"][0] == "0.350 ± 0.000"
 
 
 def test_runs_of_one_label_are_named_by_the_trained_keys_they_differ_in(

@@ -139,16 +139,34 @@ def test_kl_penalty_in_the_reward_moves_beta_from_the_loss_into_the_advantages(t
     torch.testing.assert_close(step.parts["kl"], kl[valid].mean())
 
 
+def test_kl_penalty_grammar_measures_the_constrained_policy_against_the_reference(tiny):
+    """kl_penalty=grammar: advantages are RLOO of r − β·(log q_θ − log π_ref), q_θ the
+    grammar-constrained policy (its log-prob: the teacher-forced log π_θ less the log mass on
+    the allowed tokens); not kl_penalty=reward's unconstrained log π_θ; no β term in the loss."""
+    from grammarrl.module import summed_per_candidate
+
+    module, batch = make_module(tiny, ["beta=0.5", "kl_penalty=grammar"], trained=True)
+    step = module.step_loss(batch)
+    log_allowed = summed_per_candidate(step.rollouts.groups, "log_allowed_mass")
+    policy_logp, ref_logp = step.policy_logp.detach(), step.rollouts.ref_logp
+    kl = policy_logp - log_allowed - ref_logp
+    assert (log_allowed.abs() > 1e-3).all()  # differs from the unconstrained penalty
+    expected = rloo_advantages(step.rewards - 0.5 * kl)
+    torch.testing.assert_close(step.advantages, expected, rtol=0, atol=1e-4)
+    valid = step.rollouts.valid
+    torch.testing.assert_close(step.loss, -(step.advantages * step.policy_logp)[valid].mean())
+
+
 def test_log_valid_mass_of_a_forced_output_is_its_sequence_log_prob(tiny):
     """A grammar with one output: every step allows one token, so the policy's log mass on the
     allowed tokens, summed, is log pi_theta(y|x) as the teacher-forced policy pass computes it."""
     from grammarrl.decoding import ConstrainedDecoder
-    from grammarrl.module import log_valid_mass
+    from grammarrl.module import summed_per_candidate
 
     module, batch = make_module(tiny, [], trained=True)
     module.decoder = ConstrainedDecoder(module.policy, tiny[1], 'start: "1"', max_new_tokens=4)
     step = module.step_loss(batch)
-    mass = log_valid_mass(step.rollouts.groups)
+    mass = summed_per_candidate(step.rollouts.groups, "log_allowed_mass")
     assert mass.shape == step.policy_logp.shape and (mass < 0).all()
     torch.testing.assert_close(mass, step.policy_logp.detach(), rtol=0, atol=1e-4)
 

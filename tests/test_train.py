@@ -69,6 +69,9 @@ def test_logged_rewards_are_finite_and_metrics_kept(trained):
     assert kls[0] == pytest.approx(0.0, abs=1e-4)  # step 0: policy == reference
     masses = [float(r["train/log_valid_mass"]) for r in rows if r.get("train/log_valid_mass")]
     assert len(masses) == 3 and all(m <= 0 for m in masses)
+    # step 0: q_θ = q_ref, so log q_θ − log π_ref is minus the reference's log valid mass
+    kl_grammar = [float(r["train/kl_grammar"]) for r in rows if r.get("train/kl_grammar")]
+    assert kl_grammar[0] == pytest.approx(-masses[0], abs=1e-3) and kl_grammar[0] > 0
     assert any(r.get("val/dev_micro_f1") for r in rows)
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 and len(samples[0]["candidates"]) == 4  # N=3 samples + beam
