@@ -234,15 +234,18 @@ PANELS = (
     ("train/reward", True),
     ("train/kl", True),
     ("train/validity", True),
+    ("train/candidate_tokens", True),  # output length: more entities, longer outputs
     ("val/dev_{metric}", False),
     ("val/dev_empty_field_rate", False),
     ("val/dev_reward", False),
+    ("train/log_valid_mass", True),  # Σ_t log π_θ(V_t): mass leaked off the grammar
 )
 
 
 def training_curves(runs: Sequence[TrainingRun], path: Path) -> Path | None:
-    """Train reward, KL and validity (moving averages) and dev metric, empty fields and reward
-    against the training step, one line per run; None when nothing was logged."""
+    """Train reward, KL, validity and output length (moving averages), dev metric, empty
+    fields and reward, and the policy's log mass on grammar-allowed tokens, against the
+    training step, one line per run; None when nothing was logged."""
     panels = []
     for key, smooth in PANELS:
         key = key.format(metric=runs[0].metric) if runs else key

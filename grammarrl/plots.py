@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
@@ -29,13 +30,11 @@ def panel_grid(
     ylabels: Sequence[str] | None = None,
 ) -> Path:
     """Small multiples: one panel per (title, {line label: [(x, y)]}); a label keeps its colour
-    in every panel; the legend sits in the first panel with lines (every panel with lines when
-    the panels' labels differ). `ylabels`: one y-axis label per panel."""
+    in every panel; one legend of every label, in the grid's first unused cell, else in the
+    first panel with lines. `ylabels`: one y-axis label per panel."""
     labels = list(dict.fromkeys(label for _, lines in panels for label in lines))
-    shared = len({tuple(lines) for _, lines in panels if lines}) <= 1
     rows = max(1, -(-len(panels) // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
-    legend = False
     for index, (ax, (title, lines)) in enumerate(zip(axes.flat, panels)):
         for label, points in lines.items():
             if not points:
@@ -53,9 +52,12 @@ def panel_grid(
             ax.set_ylabel(ylabels[index])
         ax.title.set_fontsize(9)
         ax.grid(alpha=0.3)
-        if lines and (not legend or not shared):
-            ax.legend(fontsize=7)
-            legend = True
-    for ax in list(axes.flat)[len(panels) :]:
+    unused = list(axes.flat)[len(panels) :]
+    for ax in unused:
         ax.axis("off")
+    with_lines = [ax for ax, (_, lines) in zip(axes.flat, panels) if lines]
+    if labels and (unused or with_lines):
+        handles = [Line2D([], [], color=f"C{i}", label=label) for i, label in enumerate(labels)]
+        holder = unused[0] if unused else with_lines[0]
+        holder.legend(handles=handles, fontsize=7, loc="center" if unused else "best")
     return save_figure(fig, path)
