@@ -163,7 +163,8 @@ class GrammarRLModule(L.LightningModule):
         """One RL step up to the loss: rollouts and reference scores without gradient, rewards,
         log pi_theta with gradient from the same deterministic policy that rolled out (LoRA
         dropout only with `train.policy_dropout`), RLOO advantages (of the rewards less
-        β·KL with `kl_penalty=reward` or `grammar`), the loss. `rewards` are the task rewards alone."""
+        β·KL with `kl_penalty=reward` or `grammar`), the loss. `rewards` are the task rewards
+        alone."""
         self.policy.eval()  # rollouts and reference scoring without dropout
         with torch.no_grad():
             out = collect_rollouts(
