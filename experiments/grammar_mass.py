@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from grammarrl.calibration import within_group_std
 from grammarrl.config import compose_job_config, validate
@@ -67,7 +68,7 @@ def measure(cfg: Any, dev_size: int) -> dict[str, Any]:
             collect_rollouts(
                 decoder, scorer, tokenizer, task, dev[i : i + size], cfg.rollout, generator
             )
-            for i in range(0, len(dev), size)
+            for i in tqdm(range(0, len(dev), size), desc="rollout groups", unit="batch")
         ]
     groups = [group for batch in batches for group in batch.groups]
     fields = torch.tensor([[filled_fields(task, g.text) for g in group] for group in groups])
