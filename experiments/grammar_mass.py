@@ -4,13 +4,14 @@ reward pays them.
 
     python -m experiments.grammar_mass +experiment=evidence2_cpu lambda=0.75 [--dev 24]
 
-On the first `--dev` dev inputs, the rollout groups training draws (N samples + beam top-1 of the
-frozen model, the calibration's generator seed), and per candidate: its tokens, its non-empty
-output fields (`task.parse`), leak = Σ_t log π_ref(V_t | x, y_<t) (so log q_ref(y) − log π_ref(y)
-= −leak, the grammar KL penalty's value at step 0 divided by β) and the combined reward under
-`lambda` and `reward.sigma_direct`/`sigma_reverse` (when unset, the σ's of these groups). Summary: within-group least-squares slopes (each group
-centred, so they compare candidates of one input, as RLOO does) of −leak and of the reward on
-the field count and on the token count. Writes JSON to `--out` and stdout.
+On the first `--dev` dev inputs, the rollout groups calibration draws (`calibration.dev_rollouts`:
+N samples + beam top-1 of the frozen model), and per candidate: its tokens, its non-empty output
+fields (`task.parse`), leak = Σ_t log π_ref(V_t | x, y_<t) (so log q_ref(y) − log π_ref(y) =
+−leak, the grammar KL penalty's value at step 0 divided by β) and the combined reward under
+`lambda` and `reward.sigma_direct`/`sigma_reverse` (when unset, the σ's of these groups).
+Summary: within-group least-squares slopes (each group centred, so they compare candidates of
+one input, as RLOO does) of −leak and of the reward on the field count and on the token count.
+Writes JSON to `--out` and stdout.
 """
 
 from __future__ import annotations
@@ -21,15 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
-from grammarrl.calibration import within_group_std
+from grammarrl.calibration import dev_rollouts, within_group_std
 from grammarrl.config import compose_job_config, validate
-from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import load_model
-from grammarrl.rewards import ReferenceScorer
+from grammarrl.module import summed_per_candidate
 from grammarrl.rloo import combine_rewards
-from grammarrl.rollout import collect_rollouts
 from grammarrl.tasks import load_task
 
 
@@ -58,18 +56,8 @@ def measure(cfg: Any, dev_size: int) -> dict[str, Any]:
     """Rollout groups of the frozen model on the dev inputs, per candidate and summarised."""
     task = load_task(cfg)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
-    scorer = ReferenceScorer(model, tokenizer, task)
-    generator = torch.Generator().manual_seed(cfg.seed)
     dev = task.splits().dev[:dev_size]
-    size = cfg.optim.batch_size
-    with torch.no_grad():
-        batches = [
-            collect_rollouts(
-                decoder, scorer, tokenizer, task, dev[i : i + size], cfg.rollout, generator
-            )
-            for i in tqdm(range(0, len(dev), size), desc="rollout groups", unit="batch")
-        ]
+    batches = dev_rollouts(cfg, model, tokenizer, task, dev, "rollout groups")
     groups = [group for batch in batches for group in batch.groups]
     fields = torch.tensor([[filled_fields(task, g.text) for g in group] for group in groups])
     scored = torch.cat([b.valid for b in batches])
@@ -81,7 +69,7 @@ def measure(cfg: Any, dev_size: int) -> dict[str, Any]:
     if None in sigmas:  # not given: those of these groups, as calibration measures them
         sigmas = within_group_std(direct, valid), within_group_std(reverse, valid)
     reward = combine_rewards(direct, reverse, cfg["lambda"], *sigmas)
-    leak = torch.tensor([[sum(g.log_allowed_mass) for g in group] for group in groups])
+    leak = summed_per_candidate(groups, "log_allowed_mass")
     tokens = torch.tensor([[float(len(g.token_ids)) for g in group] for group in groups])
     slopes = {
         f"{name}_per_{unit}": within_group_slope(x, y, valid)

@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.calibration import within_group_std
+from grammarrl.calibration import dev_rollouts, within_group_std
 from grammarrl.chat import encode_prompt
 from grammarrl.config import compose_job_config, validate
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.models import load_model
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.rloo import combine_rewards
-from grammarrl.rollout import RolloutBatch, collect_rollouts
+from grammarrl.rollout import RolloutBatch
 from grammarrl.tasks import Task, load_task
 
 DTYPES = ("float32", "bfloat16")
@@ -100,24 +100,10 @@ def reward_agreement(
 ) -> dict[str, Any]:
     """Rollout groups from float32, scored by both references; then bf16's own calibration."""
     dev = task.splits().dev[:size]
-    batches: dict[str, list[RolloutBatch]] = {}
-    for name, model in models.items():  # each precision's own rollouts, as mode=calibrate does
-        decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
-        scorer = ReferenceScorer(model, tokenizer, task)
-        generator = torch.Generator().manual_seed(cfg.seed)
-        with torch.no_grad():
-            batches[name] = [
-                collect_rollouts(
-                    decoder,
-                    scorer,
-                    tokenizer,
-                    task,
-                    dev[i : i + cfg.optim.batch_size],
-                    cfg.rollout,
-                    generator,
-                )
-                for i in range(0, len(dev), cfg.optim.batch_size)
-            ]
+    batches: dict[str, list[RolloutBatch]] = {
+        name: dev_rollouts(cfg, model, tokenizer, task, dev, f"rollouts {name}")
+        for name, model in models.items()  # each precision's own rollouts, as calibration does
+    }
     fp32 = batches["float32"]
     bf16_scorer = ReferenceScorer(models["bfloat16"], tokenizer, task)
     with torch.no_grad():

@@ -144,12 +144,31 @@ def within_group_std(values: torch.Tensor, valid: torch.Tensor | None = None) ->
     return std[valid.sum(dim=-1) >= 2].mean().item()
 
 
-def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any) -> dict[str, Any]:
-    """Roll out the frozen model on the dev inputs with the run's (N, B) and measure the σ's."""
+def dev_rollouts(
+    cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any, dev: list, desc: str
+) -> list[Any]:
+    """The rollout groups calibration measures: `model`'s N samples + beam top-1 per dev input
+    (`cfg.rollout`), scored by `model` as the reference, in batches of `optim.batch_size` from a
+    generator seeded with `seed`, without gradient; one `RolloutBatch` per batch."""
     from grammarrl.decoding import ConstrainedDecoder
     from grammarrl.rewards import ReferenceScorer
     from grammarrl.rollout import collect_rollouts
 
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    scorer = ReferenceScorer(model, tokenizer, task)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    size = cfg.optim.batch_size
+    with torch.no_grad():
+        return [
+            collect_rollouts(
+                decoder, scorer, tokenizer, task, dev[i : i + size], cfg.rollout, generator
+            )
+            for i in tqdm(range(0, len(dev), size), desc=desc)
+        ]
+
+
+def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any) -> dict[str, Any]:
+    """Roll out the frozen model on the dev inputs with the run's (N, B) and measure the σ's."""
     dev = task.splits().dev[: cfg.task.dev_size]
     short = (
         f" (task.dev_size={cfg.task.dev_size}; the dev split holds {len(dev)})"
@@ -157,20 +176,10 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
         else ""
     )
     log.info("calibrating %s on %d dev inputs%s", calibration_key(cfg), len(dev), short)
-    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
-    scorer = ReferenceScorer(model, tokenizer, task)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    direct, reverse, valid = [], [], []
-    batch = cfg.optim.batch_size
-    for start in tqdm(range(0, len(dev), batch), desc=f"calibrate {calibration_key(cfg)}"):
-        with torch.no_grad():
-            out = collect_rollouts(
-                decoder, scorer, tokenizer, task, dev[start : start + batch], cfg.rollout, generator
-            )
-        direct.append(out.direct)
-        reverse.append(out.reverse)
-        valid.append(out.valid)
-    direct_t, reverse_t, valid_t = torch.cat(direct), torch.cat(reverse), torch.cat(valid)
+    batches = dev_rollouts(cfg, model, tokenizer, task, dev, f"calibrate {calibration_key(cfg)}")
+    direct_t = torch.cat([b.direct for b in batches])
+    reverse_t = torch.cat([b.reverse for b in batches])
+    valid_t = torch.cat([b.valid for b in batches])
     measured_in = hydra_run_dir()
     return {
         "sigma_direct": within_group_std(direct_t, valid_t),
