@@ -100,8 +100,9 @@ def _search_label(ev: Evaluation | None, method: str) -> str:
 
 def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]:
     """Frozen greedy, frozen beam, Sample-Rerank, its paired Full IS selection, GrammarRL greedy
-    (dev-chosen first, then every other finished training run, other training seeds last; a
-    missing λ=0.5 N=3 run says so), and the searches with a trained proposal."""
+    (dev-chosen first, then every other finished training run, other training seeds last, then
+    the dev-best steps evaluated besides the last; a missing λ=0.5 N=3 run says so), and the
+    searches with a trained proposal."""
     base = study.baselines
     greedy = pick(base, where(BASELINE, "greedy"))
     beam = pick(base, where(BASELINE, "beam"))
@@ -131,6 +132,11 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
         key=lambda r: (r.other_seed, r.lam, r.n, r.label),
     )
     rows += [system(f"GrammarRL greedy, {r.label}", r.greedy) for r in others]
+    rows += [
+        system(f"GrammarRL greedy, {r.label}, dev-best step {r.best_dev_step}", r.best_dev)
+        for r in [chosen, *others]
+        if r is not None and r.best_dev is not None
+    ]
     is_reference = where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
     if not any(r.n == REFERENCE_N and is_reference(r.greedy) for r in [chosen, *others] if r):
         fixed = f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}"

@@ -3,6 +3,7 @@ only (`choose`, `dev_selection_table`) and the training-curves figure (`training
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 from experiments import analysis, figures
 from experiments.runs import Evaluation, format_number
 from experiments.table_format import Block, Cell, Row, Table
+from grammarrl.callbacks import BEST_DEV_RECORD
 from grammarrl.export import TRAINED_KEYS
 
 if TYPE_CHECKING:
@@ -56,6 +58,8 @@ class TrainingRun:
     series: dict[str, Points]
     greedy: Evaluation | None
     detail: str = ""  # what tells it from a run of the same label in the study (`distinct`)
+    best_dev: Evaluation | None = None  # results_best_dev.json (`train.eval_best_dev`)
+    best_dev_step: int | None = None  # its step (best_dev.json)
 
     @property
     def lam(self) -> float:
@@ -126,8 +130,18 @@ def _trained_value(run: Run, key: str) -> object:
 
 
 def training_run(run: Run) -> TrainingRun:
-    greedy = next((ev for ev in run.evaluations() if ev.name == "results"), None)
-    return TrainingRun(run, analysis.read_metrics(run), greedy)
+    """A training job's curves, its last step's greedy evaluation and, where kept, that of its
+    dev-best step."""
+    evaluations = {ev.name: ev for ev in run.evaluations()}
+    record = run.path / BEST_DEV_RECORD
+    step = int(json.loads(record.read_text())["step"]) if record.is_file() else None
+    return TrainingRun(
+        run,
+        analysis.read_metrics(run),
+        evaluations.get("results"),
+        best_dev=evaluations.get("results_best_dev"),
+        best_dev_step=step,
+    )
 
 
 def distinct(runs: Sequence[TrainingRun]) -> list[TrainingRun]:

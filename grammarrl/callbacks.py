@@ -1,19 +1,23 @@
 """Lightning callbacks of a training run: per-phase step timing, the run's settings in every
-checkpoint, and logged steps that stay optimizer steps across resumes (the progress bar is
-`grammarrl.progress.StepProgressBar`)."""
+checkpoint, logged steps that stay optimizer steps across resumes, and the adapter of the step
+with the best dev metric (the progress bar is `grammarrl.progress.StepProgressBar`)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from omegaconf import DictConfig
 
+from grammarrl.atomic import write_json
 from grammarrl.results import config_dict
 
 RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
+BEST_DEV_ADAPTER = "adapter-best-dev"  # run-dir entries of `BestDevAdapter`
+BEST_DEV_RECORD = "best_dev.json"
 
 
 class PhaseTimer(L.Callback):
@@ -94,3 +98,41 @@ class LoggedStepIsGlobalStep(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+
+
+class BestDevAdapter(L.Callback):
+    """Keep the adapter of the trained step with the best dev metric so far in
+    `<run>/adapter-best-dev`, and what it scored in `<run>/best_dev.json` (step, metric key,
+    value, adapter path): the step count chosen on dev, which `train.eval_best_dev` evaluates on
+    the test sets next to the last step. Validations before the first step do not count (that
+    adapter is the frozen model); a tie keeps the earlier step. The record travels in
+    checkpoints, so a resumed run (or one started from another run's checkpoint) compares
+    against the best so far, whose adapter may then lie in the other run's directory."""
+
+    def __init__(self, out: Path, metric: str):
+        self.out = Path(out)
+        self.key = f"val/dev_{metric}"
+        self.best: dict[str, Any] | None = None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit" or trainer.global_step == 0:
+            return
+        value = trainer.callback_metrics.get(self.key)
+        if value is None or (self.best is not None and float(value) <= self.best["value"]):
+            return
+        adapter = self.out / BEST_DEV_ADAPTER
+        self.best = {
+            "step": trainer.global_step,
+            "metric": self.key,
+            "value": float(value),
+            "adapter": str(adapter.resolve()),
+        }
+        if trainer.is_global_zero:
+            pl_module.policy.save_pretrained(adapter)
+            write_json(self.out / BEST_DEV_RECORD, self.best)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict.get("best")

@@ -53,6 +53,7 @@ CONTINUABLE = (
     "eval",
     "train.eval_baseline",
     "train.eval_beam",
+    "train.eval_best_dev",
     "train.share_prefix",
     "train.gradient_checkpointing",
     "trainer.val_check_interval",

@@ -88,6 +88,7 @@ class TrainSchema:
     resume: Any
     eval_baseline: bool
     eval_beam: bool
+    eval_best_dev: bool
     val_size: int
     val_at_start: bool
     checkpoint_every_n_steps: int

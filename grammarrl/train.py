@@ -16,11 +16,17 @@ from omegaconf import DictConfig
 
 from grammarrl.atomic import AtomicWriteError, atomic_write, write_jsonl
 from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
-from grammarrl.callbacks import RUN_RECORD, LoggedStepIsGlobalStep, PhaseTimer, RecordSettings
+from grammarrl.callbacks import (
+    RUN_RECORD,
+    BestDevAdapter,
+    LoggedStepIsGlobalStep,
+    PhaseTimer,
+    RecordSettings,
+)
 from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
-from grammarrl.models import add_lora, load_model, reference_mode
+from grammarrl.models import add_lora, load_model
 from grammarrl.module import GrammarRLModule
 from grammarrl.progress import StepProgressBar
 from grammarrl.results import config_dict
@@ -34,6 +40,7 @@ from grammarrl.rundir import (
 )
 from grammarrl.summary import write_summary
 from grammarrl.tracking import current_run, table_cell
+from grammarrl.trained_eval import evaluate_trained
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +233,7 @@ def trainer_placement(cfg: DictConfig) -> tuple[str, Any]:
     return "gpu", [int(index)] if index and cfg.trainer.devices == 1 else cfg.trainer.devices
 
 
-def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
+def build_trainer(cfg: DictConfig, out: Path, best_dev: BestDevAdapter) -> L.Trainer:
     """The Lightning Trainer of `cfg.trainer` (Hydra `_target_`), placed where the model is,
     with the run's loggers, checkpoints (atomic writes), callbacks and those of `callbacks`."""
     from hydra.utils import instantiate
@@ -247,6 +254,7 @@ def build_trainer(cfg: DictConfig, out: Path) -> L.Trainer:
         logger=build_loggers(cfg, out),
         callbacks=[
             checkpoint,
+            best_dev,
             RecordSettings(cfg),
             LoggedStepIsGlobalStep(),
             PhaseTimer(),
@@ -280,7 +288,8 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task, resume)
     policy = add_lora(model, cfg.lora)
     module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
-    trainer = build_trainer(cfg, out)
+    best_dev = BestDevAdapter(out, task.metric_name)
+    trainer = build_trainer(cfg, out, best_dev)
     datamodule = GrammarRLDataModule(cfg, task)
     if resume is None and cfg.train.val_at_start:
         trainer.validate(module, datamodule=datamodule, verbose=False)  # the curves' step 0
@@ -301,37 +310,16 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     adapter = out / "adapter"
     policy.save_pretrained(adapter)
     _save_samples(trainer, module.samples, out)
-    results = evaluate_trained(cfg, policy, tokenizer, task, out, adapter)
+    best = best_dev.best if cfg.train.eval_best_dev else None
+    results = evaluate_trained(
+        cfg, policy, tokenizer, task, out, adapter, best, trainer.global_step
+    )
     summary = write_summary(out, task, results, cfg["lambda"], sigma_direct, sigma_reverse)
     if summary is None:  # no frozen evaluation to compare with: the short table
         _print_summary(results)
     else:
         print("\n" + summary["text"] + f"(written to {out / 'summary.md'} and summary.json)")
     return results
-
-
-def evaluate_trained(
-    cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any, task: Any, out: Path, adapter: Path
-) -> dict[str, dict[str, Any]]:
-    """The trained adapter greedily (results.json), and with beam search and the frozen model
-    (adapter disabled) when `train.eval_beam` / `train.eval_baseline` ask for them."""
-    from grammarrl.evaluate import evaluate
-
-    policy.eval()
-    # results.json (greedy) is written last: its presence marks the run as complete (a sweep
-    # re-run skips the job), so a crash before it re-runs the evaluations on restart.
-    results = {}
-    if cfg.train.eval_beam:
-        results["beam"] = evaluate(
-            cfg, policy, tokenizer, task, "beam", out, name="results_beam", adapter=adapter
-        )
-    if cfg.train.eval_baseline:
-        with reference_mode(policy):
-            results["baseline"] = evaluate(
-                cfg, policy, tokenizer, task, "greedy", out, name="results_baseline"
-            )
-    greedy = evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter)
-    return {"greedy": greedy, **results}
 
 
 def _save_samples(trainer: L.Trainer, samples: list[dict[str, Any]], out: Path) -> None:

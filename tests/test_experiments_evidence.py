@@ -69,6 +69,7 @@ def write_eval(
     scores: list[float],
     *,
     rewards: tuple[list[float], list[float]] | None = None,
+    name: str = "results",
     **extra: Any,
 ) -> None:
     """A results file as grammarrl.evaluate / grammarrl.search.run write it (per-set rewards
@@ -107,7 +108,7 @@ def write_eval(
         per_set=per_set,
         **extra,
     )
-    write_results(path, record, [], name="results")
+    write_results(path, record, [], name=name)
 
 
 def train_run(
@@ -322,6 +323,21 @@ def test_runs_that_differ_in_beta_kl_penalty_or_training_seed_get_their_own_labe
     assert rows["GrammarRL greedy, λ=0.5, N=3, β=0.1 in the reward"][0] == "0.400 ± 0.000"
     assert rows["GrammarRL greedy, λ=0.5, N=3, training seed 7"][0] == "0.450 ± 0.000"
     assert rows["GrammarRL greedy, λ=0.5, N=3, β=1 in the reward, grammar KL"][0] == "0.350 ± 0.000"
+
+
+def test_a_dev_best_step_evaluated_besides_the_last_gets_its_own_row(
+    study: Path, base_config: dict[str, Any]
+):
+    """A run that kept and evaluated its dev-best step (results_best_dev.json, best_dev.json):
+    a row of its own, named by the step, next to the run's last-step row."""
+    config = job_config(base_config, mode="train", **{"lambda": 0.75, "rollout__num_samples": 3})
+    (path,) = (study / "train").glob("*lambda=0.75,rollout.num_samples=3")
+    write_eval(path, config, [0.5] * 3, name="results_best_dev", adapter="adapter-best-dev")
+    (path / "best_dev.json").write_text(json.dumps({"step": 80, "value": 0.4}))
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    rows = tables_of(study / "train" / "aggregate")["comparison"]
+    assert rows["GrammarRL greedy, λ=0.75, N=3"][0] == "0.100 ± 0.000"  # its last step
+    assert rows["GrammarRL greedy, λ=0.75, N=3, dev-best step 80"][0] == "0.500 ± 0.000"
 
 
 def test_runs_of_one_label_are_named_by_the_trained_keys_they_differ_in(

@@ -39,6 +39,7 @@ def trained(tmp_path_factory):
             *TINY_TRAIN,
             f"reward.calibration_file={work}/calibration.json",
             "train.eval_baseline=true",
+            "train.eval_best_dev=true",
         ]
     )
     out, results = train_in(work, cfg)
@@ -145,6 +146,33 @@ def test_results_name_the_adapter_that_produced_them(trained):
     adapter = json.loads((out / "results.json").read_text())["adapter"]
     assert adapter == str((out / "adapter").absolute())
     assert json.loads((out / "results_baseline.json").read_text())["adapter"] is None
+
+
+def test_the_dev_best_step_keeps_its_adapter_and_is_evaluated(trained):
+    """Dev is validated at steps 0 and 2 of 3: step 0 (the frozen model) never counts, so step 2
+    is the dev-best trained step; its adapter is kept, recorded in checkpoints, and evaluated
+    next to the last step's."""
+    _, out, results = trained
+    best = json.loads((out / "best_dev.json").read_text())
+    assert best["step"] == 2 and best["metric"] == "val/dev_micro_f1"
+    import csv
+
+    rows = list(csv.DictReader((out / "metrics" / "metrics.csv").read_text().splitlines()))
+    at_2 = [
+        r for r in rows if r.get("val/dev_trained_steps") and float(r["val/dev_trained_steps"]) == 2
+    ]
+    assert best["value"] == pytest.approx(float(at_2[0]["val/dev_micro_f1"]))
+    kept = load_file(str(out / "adapter-best-dev" / "adapter_model.safetensors"))
+    last = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    lora_b = [k for k in kept if "lora_B" in k]
+    assert any(kept[k].abs().max() > 0 for k in lora_b)  # trained (LoRA B starts at zero)
+    assert not all(torch.equal(kept[k], last[k]) for k in lora_b)  # not the last step's
+    record = json.loads((out / "results_best_dev.json").read_text())
+    assert record["adapter"] == str((out / "adapter-best-dev").absolute())
+    assert len(record["scores"]) == 2 and results["best_dev"]["path"]
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
+    (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("BestDevAdapter")]
+    assert state["best"]["step"] == 2  # a resumed run compares against it
 
 
 def test_the_training_seed_is_its_own():

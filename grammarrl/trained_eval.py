@@ -1,0 +1,86 @@
+"""The test evaluations at the end of a training run: the last step's adapter greedily
+(results.json, written last: it marks the run complete), optionally with beam search, the
+frozen model, and the adapter of the step with the best dev metric."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from grammarrl.atomic import write_json
+from grammarrl.callbacks import BEST_DEV_RECORD
+from grammarrl.models import reference_mode
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_trained(
+    cfg: DictConfig,
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    task: Any,
+    out: Path,
+    adapter: Path,
+    best_dev: dict[str, Any] | None = None,
+    final_step: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """The trained adapter greedily (results.json), and with beam search and the frozen model
+    (adapter disabled) when `train.eval_beam` / `train.eval_baseline` ask for them, and the
+    dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step."""
+    from grammarrl.evaluate import evaluate
+
+    policy.eval()
+    # results.json (greedy) is written last: its presence marks the run as complete (a sweep
+    # re-run skips the job), so a crash before it re-runs the evaluations on restart.
+    results = evaluate_best_dev(cfg, policy, tokenizer, task, out, best_dev, final_step)
+    if cfg.train.eval_beam:
+        results["beam"] = evaluate(
+            cfg, policy, tokenizer, task, "beam", out, name="results_beam", adapter=adapter
+        )
+    if cfg.train.eval_baseline:
+        with reference_mode(policy):
+            results["baseline"] = evaluate(
+                cfg, policy, tokenizer, task, "greedy", out, name="results_baseline"
+            )
+    greedy = evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter)
+    return {"greedy": greedy, **results}
+
+
+def evaluate_best_dev(
+    cfg: DictConfig,
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    task: Any,
+    out: Path,
+    best: dict[str, Any] | None,
+    final: int,
+) -> dict[str, dict[str, Any]]:
+    """The adapter of the step with the best dev metric, greedily (`results_best_dev.json`;
+    its step and dev value in `best_dev.json` beside it), unless that step is the last (`final`:
+    results.json is that evaluation) or no validation after a trained step kept one."""
+    from grammarrl.evaluate import evaluate
+
+    if best is None or int(best["step"]) == final:
+        log.info("train.eval_best_dev: the best dev step is the last (%d); nothing more", final)
+        return {}
+    adapter = Path(best["adapter"])
+    if not (adapter / "adapter_config.json").exists():
+        log.warning(
+            "train.eval_best_dev: %s (step %s) is not there; skipped", adapter, best["step"]
+        )
+        return {}
+    write_json(out / BEST_DEV_RECORD, best)
+    policy.load_adapter(str(adapter), adapter_name="best_dev")
+    policy.set_adapter("best_dev")
+    try:
+        result = evaluate(
+            cfg, policy, tokenizer, task, "greedy", out, name="results_best_dev", adapter=adapter
+        )
+    finally:
+        policy.set_adapter("default")
+        policy.delete_adapter("best_dev")
+    return {"best_dev": result}
