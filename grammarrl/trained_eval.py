@@ -64,7 +64,9 @@ def evaluate_best_dev(
     results.json is that evaluation) or no validation after a trained step kept one."""
     from grammarrl.evaluate import evaluate
 
-    if best is None or int(best["step"]) == final:
+    if best is None:
+        return {}
+    if int(best["step"]) == final:
         log.info("train.eval_best_dev: the best dev step is the last (%d); nothing more", final)
         return {}
     adapter = Path(best["adapter"])
