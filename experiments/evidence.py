@@ -10,6 +10,10 @@ Three sweeps (`conf/experiment/evidence2_*_cpu.yaml`), aggregated by role:
   IS selection on the very same particles, `selections.is`).
 - PROPOSAL (optional): IS with a trained adapter as the proposal, one job per particle count.
 
+TRAIN may instead hold adapters evaluated on their own (`mode=eval eval.adapter=DIR`): a trained
+adapter on other seeded test sets, next to the frozen rows on those sets. It then gets a row of
+its own ("GrammarRL greedy, adapter DIR") and there is no dev choice.
+
 `comparison` sets every system side by side on the same seeded test sets, with paired per-set
 differences against frozen greedy and Sample-Rerank; `mechanism` gives the frozen reference's
 rewards of what each system emits (`eval.score_rewards`) and the combined training reward they
@@ -75,6 +79,7 @@ class Study:
     train: list[TrainingRun]
     baselines: list[Evaluation]
     proposal: list[Evaluation]
+    adapters: list[Evaluation]  # trained adapters evaluated on their own, from the TRAIN root
 
 
 def load_study(sweep: Sweep) -> Study:
@@ -82,14 +87,23 @@ def load_study(sweep: Sweep) -> Study:
     if not 2 <= len(sweep.roots) <= 3:
         raise AggregationError(f"{USAGE}; got {len(sweep.roots)} directories")
     groups = [[run for run in sweep.runs if run.path.is_relative_to(root)] for root in sweep.roots]
-    for root, runs, modes in zip(
-        sweep.roots, groups, (("train",), ("eval", "search"), ("search",))
-    ):
+    train = distinct([training_run(run) for run in groups[0] if run.mode == "train"])
+    adapters = [
+        ev
+        for run in groups[0]
+        if run.mode == "eval"
+        for ev in run.evaluations()
+        if ev.system == GRAMMARRL
+    ]
+    if not train and not adapters:
+        raise AggregationError(
+            f"{sweep.roots[0]}: no mode=train runs and no evaluated adapters ({USAGE})"
+        )
+    for root, runs, modes in zip(sweep.roots[1:], groups[1:], (("eval", "search"), ("search",))):
         if not any(run.mode in modes for run in runs):
             raise AggregationError(f"{root}: no mode={'/'.join(modes)} runs ({USAGE})")
-    train = distinct([training_run(run) for run in groups[0] if run.mode == "train"])
     evals = [[ev for run in runs for ev in run.evaluations()] for runs in groups[1:]]
-    return Study(train, evals[0], evals[1] if len(evals) > 1 else [])
+    return Study(train, evals[0], evals[1] if len(evals) > 1 else [], adapters)
 
 
 def _search_label(ev: Evaluation | None, method: str) -> str:
@@ -101,8 +115,9 @@ def _search_label(ev: Evaluation | None, method: str) -> str:
 def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]:
     """Frozen greedy, frozen beam, Sample-Rerank, its paired Full IS selection, GrammarRL greedy
     (dev-chosen first, then every other finished training run, other training seeds last, then
-    the dev-best steps evaluated besides the last; a missing λ=0.5 N=3 run says so), and the
-    searches with a trained proposal."""
+    the dev-best steps evaluated besides the last, then adapters evaluated on their own; a
+    missing λ=0.5 N=3 run says so where there are training runs), and the searches with a
+    trained proposal."""
     base = study.baselines
     greedy = pick(base, where(BASELINE, "greedy"))
     beam = pick(base, where(BASELINE, "beam"))
@@ -137,8 +152,13 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
         for r in [chosen, *others]
         if r is not None and r.best_dev is not None
     ]
+    rows += [
+        system(f"GrammarRL greedy, adapter {_adapter_owner(study.train, _adapter(ev))}", ev)
+        for ev in study.adapters
+    ]
     is_reference = where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
-    if not any(r.n == REFERENCE_N and is_reference(r.greedy) for r in [chosen, *others] if r):
+    trained = [r for r in [chosen, *others] if r]
+    if study.train and not any(r.n == REFERENCE_N and is_reference(r.greedy) for r in trained):
         fixed = f"GrammarRL greedy, λ={format_number(REFERENCE_LAMBDA)}, N={REFERENCE_N}"
         rows.append(system(fixed, None))
     return rows + proposal_systems(study)
@@ -166,6 +186,10 @@ def proposal_systems(study: Study) -> list[System]:
             name += " with the frozen proposal"
         rows.append(system(name, ev))
     return rows
+
+
+def _adapter(ev: Evaluation) -> str:
+    return str(ev.results.get("adapter") or ev.get("eval.adapter"))
 
 
 def _adapter_owner(runs: Sequence[TrainingRun], adapter: str) -> str:
@@ -284,8 +308,8 @@ def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
     systems = comparison_systems(study, chosen)
     check_test_sets(systems)
     sigmas = training_sigmas(chosen.greedy) if chosen else None
-    built = [
-        dev_selection_table(study.train, chosen),
+    built = [dev_selection_table(study.train, chosen)] if study.train else []
+    built += [
         comparison_table(systems),
         mechanism_table(systems, chosen, sigmas),
     ]

@@ -568,6 +568,34 @@ def test_a_proposal_adapter_outside_the_training_runs_is_named_by_its_directory(
     )
 
 
+def test_an_adapter_evaluated_on_other_test_sets_is_compared_with_the_frozen_rows_there(
+    tmp_path: Path, base_config: dict[str, Any]
+):
+    """Held-out test sets: TRAIN holds only an adapter's own evaluation (mode=eval)."""
+    study = tmp_path / "held_out"
+    baselines = baselines_sweep(study, base_config)
+    adapter = tmp_path / "results" / "adapter-lambda0.75-360steps"
+    config = job_config(base_config, mode="eval", eval__adapter=str(adapter))
+    trained = study / "trained"
+    write_eval(
+        make_run(trained, "grammarrl_360steps", extra_config=config),
+        config,
+        [0.35, 0.30, 0.55],
+        rewards=([-2.5] * 3, [-1.2] * 3),
+        adapter=str(adapter),
+    )
+    agg.aggregate("evidence2", [trained, baselines])
+    out = trained / "aggregate"
+    assert not (out / "dev_selection.md").exists()
+    comparison = md_rows((out / "comparison.md").read_text())
+    row = comparison["GrammarRL greedy, adapter adapter-lambda0.75-360steps"]
+    assert row[1] == "0.350, 0.300, 0.550"
+    assert row[5] == "+0.050, -0.050, +0.050"  # vs Sample-Rerank(10), per set
+    assert not any("λ=0.5" in label for label in comparison)  # no training runs: no dev choice
+    mechanism = md_rows((out / "mechanism.md").read_text())
+    assert mechanism["GrammarRL greedy, adapter adapter-lambda0.75-360steps"][1] == "-2.500 ± 0.000"
+
+
 def test_wrong_sweeps_are_errors(study: Path, capsys):
     assert agg.main(["evidence2", str(study / "train")]) == 2
     assert "TRAIN_SWEEP BASELINES_SWEEP" in capsys.readouterr().err
