@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from experiments.evidence_bootstrap import bootstrap_table
 from experiments.evidence_mechanism import (
     MISSING,
     REFERENCE_LAMBDA,
@@ -300,9 +301,9 @@ def comparison_table(systems: Sequence[System]) -> Table:
 
 def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
     """The study's tables (dev_selection, comparison, mechanism; training_seeds where a setting
-    was trained with several seeds, outputs where the task counts entities) and its
-    training-curves figure (written into `out`). Raises AggregationError when rows were scored
-    on other test sets."""
+    was trained with several seeds, outputs and paired_bootstrap where the task counts
+    entities) and its training-curves figure (written into `out`). Raises AggregationError when
+    rows were scored on other test sets."""
     study = load_study(sweep)
     chosen = choose(study.train)
     systems = comparison_systems(study, chosen)
@@ -313,7 +314,7 @@ def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
         comparison_table(systems),
         mechanism_table(systems, chosen, sigmas),
     ]
-    extra = (seeds_table(study.train, systems), outputs_table(systems))
+    extra = (seeds_table(study.train, systems), outputs_table(systems), bootstrap_table(systems))
     built += [table for table in extra if table is not None]
     png = training_curves(study.train, out / "training_curves_evidence2.png")
     return built, [png] if png else []

@@ -54,17 +54,27 @@ def _agreement(rows: Sequence[dict[str, Any]], other: dict[tuple[int, str], str]
     ]
 
 
-def outputs_table(systems: Sequence[System]) -> Table | None:
-    """One row per system whose predictions count tp/fp/fn; None when no system's do (gloss,
-    WoS) or the frozen greedy row is missing."""
+def counted_predictions(systems: Sequence[System]) -> dict[str, list[dict[str, Any]]]:
+    """The predictions of every scored system whose per-example scores count tp/fp/fn, by
+    label (the paired IS selection has no outputs of its own)."""
     scored = [row for row in systems if row.present and not row.paired_selection]
     read = {
         row.label: read_predictions(row.evaluation)
         for row in scored
         if row.evaluation.predictions.is_file()
     }
-    read = {label: rows for label, rows in read.items() if _counted(rows)}
-    unread = [row.label for row in scored if row.label not in read]
+    return {label: rows for label, rows in read.items() if _counted(rows)}
+
+
+def outputs_table(systems: Sequence[System]) -> Table | None:
+    """One row per system whose predictions count tp/fp/fn; None when no system's do (gloss,
+    WoS) or the frozen greedy row is missing."""
+    read = counted_predictions(systems)
+    unread = [
+        row.label
+        for row in systems
+        if row.present and not row.paired_selection and row.label not in read
+    ]
     greedy, rerank = by_role(systems, "greedy").label, by_role(systems, "rerank").label
     if greedy not in read:
         return None

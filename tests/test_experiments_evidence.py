@@ -663,3 +663,12 @@ def test_outputs_table_counts_entities_and_identical_outputs(study: Path):
         "frozen beam(3)" not in rows and "No predictions with entity counts: frozen beam(3)" in text
     )
     assert "the gold outputs hold 2.00" in text
+    boot = md_rows((study / "train" / "aggregate" / "paired_bootstrap.md").read_text())
+    assert boot["GrammarRL greedy, dev-chosen (λ=1, N=3)"] == [
+        "+0.300",  # F1 0.8 against frozen greedy's 0.5 on every example of every set
+        "[+0.300, +0.300]",
+        "1.000",
+        "-0.200",  # against Sample-Rerank's 1.0
+        "[-0.200, -0.200]",
+        "0.000",
+    ]
