@@ -137,12 +137,10 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
             tuple(float(s) for s in paired) if paired else None,
             "is",
         ),
-        system(
-            "GrammarRL greedy, dev-chosen" + (f" ({chosen.label})" if chosen else ""),
-            chosen.greedy if chosen else None,
-            "chosen",
-        ),
     ]
+    if study.train:
+        label = "GrammarRL greedy, dev-chosen" + (f" ({chosen.label})" if chosen else "")
+        rows.append(system(label, chosen.greedy if chosen else None, "chosen"))
     others = sorted(
         (r for r in study.train if r.finished and r is not chosen),
         key=lambda r: (r.other_seed, r.lam, r.n, r.label),
@@ -153,9 +151,13 @@ def comparison_systems(study: Study, chosen: TrainingRun | None) -> list[System]
         for r in [chosen, *others]
         if r is not None and r.best_dev is not None
     ]
-    rows += [
-        system(f"GrammarRL greedy, adapter {_adapter_owner(study.train, _adapter(ev))}", ev)
-        for ev in study.adapters
+    rows += [  # without training runs, the first adapter is the system under test
+        system(
+            f"GrammarRL greedy, adapter {_adapter_owner(study.train, _adapter(ev))}",
+            ev,
+            "" if study.train or index else "chosen",
+        )
+        for index, ev in enumerate(study.adapters)
     ]
     is_reference = where(GRAMMARRL, "greedy", REFERENCE_LAMBDA)
     trained = [r for r in [chosen, *others] if r]
@@ -308,7 +310,8 @@ def build(sweep: Sweep, out: Path) -> tuple[list[Table], list[Path]]:
     chosen = choose(study.train)
     systems = comparison_systems(study, chosen)
     check_test_sets(systems)
-    sigmas = training_sigmas(chosen.greedy) if chosen else None
+    under_test = by_role(systems, "chosen").evaluation  # the dev-chosen run's, or the adapter's
+    sigmas = training_sigmas(under_test) if under_test else None
     built = [dev_selection_table(study.train, chosen)] if study.train else []
     built += [
         comparison_table(systems),

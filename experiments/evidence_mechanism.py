@@ -72,7 +72,8 @@ def mechanism_table(
     systems: Sequence[System], chosen: TrainingRun | None, sigmas: Sigmas | None
 ) -> Table:
     """Per scored system: its metric, mean R_direct and R_reverse of its outputs, and the
-    combined reward at λ=0.5 and at the chosen λ under the chosen run's σ's."""
+    combined reward at λ=0.5 and at the chosen λ under the chosen run's σ's (without training
+    runs: at λ=0.5, under the σ's of the evaluated adapter's run)."""
     lambdas = [REFERENCE_LAMBDA]
     if chosen is not None and abs(chosen.lam - REFERENCE_LAMBDA) > 1e-9:
         lambdas.append(chosen.lam)
@@ -111,17 +112,21 @@ def mechanism_table(
                 for lam in lambdas
             ]
         rows.append(Row(row.label, cells))
-    if sigmas is not None and chosen is not None:
+    if sigmas is None:
         basis = (
-            f"the σ's of the chosen run's (N={chosen.n}, B={chosen.greedy.beam_width}) "
-            f"calibration, σ_direct={sigmas.direct:.4f}, σ_reverse={sigmas.reverse:.4f} "
-            f"({sigmas.source})"
-        )
-    else:
-        basis = (
-            "no σ's: no training run has finished"
+            "no σ's: no training run has finished, and no evaluated adapter's run sets them"
             if chosen is None
             else f"no σ's found for the chosen run {chosen.run.path}"
+        )
+    else:
+        owner = (
+            f"the chosen run's (N={chosen.n}, B={chosen.greedy.beam_width}) calibration"
+            if chosen is not None
+            else f"{by_role(systems, 'chosen').label}'s run"
+        )
+        basis = (
+            f"the σ's of {owner}, σ_direct={sigmas.direct:.4f}, σ_reverse={sigmas.reverse:.4f} "
+            f"({sigmas.source})"
         )
     table = Table(
         "mechanism",

@@ -575,7 +575,13 @@ def test_an_adapter_evaluated_on_other_test_sets_is_compared_with_the_frozen_row
     study = tmp_path / "held_out"
     baselines = baselines_sweep(study, base_config)
     adapter = tmp_path / "results" / "adapter-lambda0.75-360steps"
-    config = job_config(base_config, mode="eval", eval__adapter=str(adapter))
+    config = job_config(
+        base_config,
+        mode="eval",
+        eval__adapter=str(adapter),
+        reward__sigma_direct=2.0,  # the training calibration's σ's, set explicitly
+        reward__sigma_reverse=0.5,
+    )
     trained = study / "trained"
     write_eval(
         make_run(trained, "grammarrl_360steps", extra_config=config),
@@ -591,9 +597,17 @@ def test_an_adapter_evaluated_on_other_test_sets_is_compared_with_the_frozen_row
     row = comparison["GrammarRL greedy, adapter adapter-lambda0.75-360steps"]
     assert row[1] == "0.350, 0.300, 0.550"
     assert row[5] == "+0.050, -0.050, +0.050"  # vs Sample-Rerank(10), per set
-    assert not any("λ=0.5" in label for label in comparison)  # no training runs: no dev choice
-    mechanism = md_rows((out / "mechanism.md").read_text())
-    assert mechanism["GrammarRL greedy, adapter adapter-lambda0.75-360steps"][1] == "-2.500 ± 0.000"
+    assert not any("dev-chosen" in label or "λ=0.5" in label for label in comparison)
+    text = (out / "mechanism.md").read_text()
+    mechanism = md_rows(text)
+    # 0.5 * -2.5 / 2.0 + 0.5 * -1.2 / 0.5, with the σ's the adapter's run sets
+    assert mechanism["GrammarRL greedy, adapter adapter-lambda0.75-360steps"][1:4] == [
+        "-2.500 ± 0.000",
+        "-1.200 ± 0.000",
+        "-1.825 ± 0.000",
+    ]
+    assert "σ_direct=2.0000, σ_reverse=0.5000 (set in the run's config)" in text
+    assert "adapter-lambda0.75-360steps minus frozen greedy" in text
 
 
 def test_wrong_sweeps_are_errors(study: Path, capsys):
