@@ -26,11 +26,14 @@ Counts = dict[int, dict[str, np.ndarray]]  # test set -> uid -> [tp, fp, fn]
 
 
 def _counts(rows: Sequence[dict[str, Any]]) -> Counts:
+    """Per test set, each example's [tp, fp, fn]; an example listed twice in one set is an
+    error (it would be counted once)."""
     sets: Counts = {}
     for row in rows:
-        sets.setdefault(int(row["set"]), {})[row["uid"]] = np.array(
-            [row["scores"][k] for k in COUNTS], dtype=np.int64
-        )
+        per_set = sets.setdefault(int(row["set"]), {})
+        if row["uid"] in per_set:
+            raise AggregationError(f"test set {row['set']}: example {row['uid']} listed twice")
+        per_set[row["uid"]] = np.array([row["scores"][k] for k in COUNTS], dtype=np.int64)
     return sets
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.evidence_bootstrap import _micro_f1, paired_bootstrap
+from experiments.evidence_bootstrap import _counts, _micro_f1, paired_bootstrap
 from experiments.runs import AggregationError
 
 
@@ -70,3 +70,9 @@ def test_systems_scored_on_different_examples_are_refused(pair):
     b[0]["other"] = b[0].pop("e0")
     with pytest.raises(AggregationError, match="different examples"):
         paired_bootstrap(a, b)
+
+
+def test_an_example_listed_twice_in_a_set_is_refused():
+    row = {"set": 0, "uid": "e0", "scores": {"tp": 1, "fp": 0, "fn": 0}}
+    with pytest.raises(AggregationError, match="e0 listed twice"):
+        _counts([row, dict(row)])
