@@ -42,8 +42,10 @@ def calibration_key(cfg: DictConfig) -> str:
 
 def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
     """Everything the σ's depend on beyond the key: the data and dev inputs, the model's weights
-    and dtype, how prompts and candidates are built, and the sampling stream (seed and the
-    batches it is drawn in). An entry measured under other conditions is not reused."""
+    and dtype, how prompts and candidates are built, and the sampling stream (its seed,
+    `reward.calibration_seed`, and the batches it is drawn in). An entry measured under other
+    conditions is not reused. The run's `seed` (test sets) and `train.seed` are not among them:
+    runs that differ only in those share their σ's, hence their reward."""
     from grammarrl.tasks.custom import is_custom
 
     model = {k: v for k, v in config_dict(cfg.model).items() if k not in ("name", "dtype")}
@@ -66,7 +68,7 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
         "dtype": str(resolve_dtype(cfg.model.dtype, resolve_device(cfg.device))).removeprefix(
             "torch."
         ),
-        "seed": cfg.seed,
+        "seed": cfg.reward.calibration_seed,  # the sampling stream's ("seed" in files written before)
         "batch_size": cfg.optim.batch_size,
     }
 
@@ -149,14 +151,14 @@ def dev_rollouts(
 ) -> list[Any]:
     """The rollout groups calibration measures: `model`'s N samples + beam top-1 per dev input
     (`cfg.rollout`), scored by `model` as the reference, in batches of `optim.batch_size` from a
-    generator seeded with `seed`, without gradient; one `RolloutBatch` per batch."""
+    generator seeded with `reward.calibration_seed`, without gradient; one `RolloutBatch` per batch."""
     from grammarrl.decoding import ConstrainedDecoder
     from grammarrl.rewards import ReferenceScorer
     from grammarrl.rollout import collect_rollouts
 
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
-    generator = torch.Generator().manual_seed(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.reward.calibration_seed)
     size = cfg.optim.batch_size
     with torch.no_grad():
         return [

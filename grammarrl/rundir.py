@@ -63,6 +63,7 @@ CONTINUABLE = (
     "trainer.enable_model_summary",
     "cache_dir",
     "reward.calibration_file",
+    "reward.calibration_seed",
 )
 # Trainer arguments a config recorded before `trainer` built the Trainer did not hold: the
 # values the Trainer was built with then.
@@ -76,7 +77,7 @@ TRAINER_BEFORE = {
 # Keys added since: the value a config recorded before a key existed was run with.
 ADDED = {"kl_penalty": "loss"}
 # Keys split off another since (new -> old): a config recorded before ran with the old key's value.
-SPLIT_FROM = {"train.seed": "seed"}
+SPLIT_FROM = {"train.seed": "seed", "reward.calibration_seed": "seed"}
 RESULTS = ("results*.json", "predictions*.jsonl")
 OUTPUTS = (
     *RESULTS,

@@ -137,6 +137,7 @@ class RewardSchema:
     sigma_direct: Any
     sigma_reverse: Any
     calibration_file: str
+    calibration_seed: int
 
 
 @dataclass

@@ -141,3 +141,31 @@ def test_custom_tasks_sharing_a_name_do_not_share_sigmas(tmp_path):
     other = _cfg(tmp_path, "task=custom", spec, "model=tiny", "task.instruction=Answer briefly.")
     resolve_spec(other)
     assert other.task.name == cfg.task.name and lookup_sigmas(other) is None
+
+
+def test_runs_on_other_test_sets_or_training_seeds_share_the_sigmas(tmp_path, caplog):
+    """The σ's depend on `reward.calibration_seed`, not on `seed` (which draws the test sets) or
+    `train.seed`: evaluating on other test sets or repeating training reuses one calibration."""
+    cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
+    store_sigmas(cfg, {"sigma_direct": 0.6, "sigma_reverse": 0.1, **calibration_conditions(cfg)})
+    other_sets = _cfg(tmp_path, "task=conll", "model=smollm2", "seed=1", "train.seed=2")
+    assert lookup_sigmas(other_sets)[:2] == (0.6, 0.1)
+    other_stream = _cfg(tmp_path, "task=conll", "model=smollm2", "reward.calibration_seed=1")
+    assert lookup_sigmas(other_stream) is None
+    assert "seed=0 (this run: 1)" in caplog.text
+
+
+def test_calibration_samples_follow_the_calibration_seed(tiny, tmp_path):
+    from grammarrl.calibration import calibrate
+    from grammarrl.tasks import load_task
+
+    model, tok = tiny
+    base = ["model=tiny", "task=conll", "data.dir=null", "task.max_new_tokens=8"]
+
+    def sigmas(*overrides: str) -> tuple[float, float]:
+        cfg = _cfg(tmp_path, *base, *overrides)
+        entry = calibrate(cfg, model, tok, load_task(cfg))
+        return entry["sigma_direct"], entry["sigma_reverse"]
+
+    assert sigmas("seed=0") == sigmas("seed=5")
+    assert sigmas("reward.calibration_seed=1") != sigmas("reward.calibration_seed=0")

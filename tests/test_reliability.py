@@ -259,10 +259,10 @@ def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tm
     assert sweep_labels(sweep_dir) == ["λ=0.25", "λ=0.75"]
 
 
-def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
+def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path, caplog):
     """A job.json written when max_steps, grad_clip and the validation keys lived in optim and
     trainer (and trainer held no Trainer defaults, kl_penalty did not exist and `seed` alone
-    seeded training) reads under today's names: the same job is skipped, and a changed setting
+    seeded training and calibration) reads under today's names: the same job is skipped, and a changed setting
     is still named."""
     from grammarrl import rundir
 
@@ -282,6 +282,7 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
     for key in rundir.ADDED:
         del config[key]
     del train["seed"]
+    del config["reward"]["calibration_seed"]
     write_json(tmp_path / "job.json", record)
     assert rundir.plan_job(cfg, tmp_path).done == {"mean": 0.5}
     for change, named in (
@@ -291,6 +292,12 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path):
         other = compose_config(["model=tiny", "mode=train", "logger=none", change])
         with pytest.raises(rundir.RunDirConflict, match=rf"{named} \(now"):
             rundir.plan_job(other, tmp_path)  # not what the old run did
+    stream = compose_config(
+        ["model=tiny", "mode=train", "logger=none", "reward.calibration_seed=1"]
+    )
+    with caplog.at_level("WARNING"):  # σ's travel in checkpoints: training may continue
+        assert rundir.plan_job(stream, tmp_path).done is None
+    assert "reward.calibration_seed=0 (now 1)" in caplog.text  # it was `seed`'s stream
     config["optim"]["max_steps"] = 7
     write_json(tmp_path / "job.json", record)
     plan = rundir.plan_job(cfg, tmp_path)  # more steps: the training run continues
