@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from experiments.runs import Evaluation
 from grammarrl.calibration import calibration_conditions, calibration_key, differences, entries
 from grammarrl.errors import GrammarRLError
+from grammarrl.rundir import current_names
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,13 @@ def training_sigmas(ev: Evaluation) -> Sigmas | None:
 
 def calibrated_sigmas(ev: Evaluation) -> Sigmas | None:
     """The run's calibration-file entry: its task/model/nN_bB key, measured under the run's
-    conditions (the dtype as its results record it)."""
+    conditions (the dtype as its results record it; a config recorded before a key was added or
+    moved reads under today's names)."""
     path = locate(ev.get("reward.calibration_file"), ev.run.path)
     config = ev.results.get("config") or {}
     if path is None or not config:
         return None
-    cfg = OmegaConf.create(config)
+    cfg = OmegaConf.create(current_names(config))
     try:
         cfg.device = "cpu"  # the dtype comes from the results, not from this machine
         cfg.model.dtype = str(ev.results.get("dtype") or "float32")

@@ -451,6 +451,17 @@ def test_calibration_archived_beside_the_runs_is_found_by_name(study: Path):
     assert "σ_direct=2.0000, σ_reverse=0.5000" in text and "no σ's found" not in text
 
 
+def test_runs_recorded_before_the_calibration_seed_existed_find_their_sigmas(study: Path):
+    """Their calibration samples were seeded by `seed`: read as `reward.calibration_seed`."""
+    for path in (study / "train").glob("*/results.json"):
+        results = json.loads(path.read_text())
+        del results["config"]["reward"]["calibration_seed"]
+        path.write_text(json.dumps(results))
+    agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    text = (study / "train" / "aggregate" / "mechanism.md").read_text()
+    assert "σ_direct=2.0000, σ_reverse=0.5000" in text and "no σ's found" not in text
+
+
 def test_rows_on_other_test_sets_are_refused_naming_the_runs(
     tmp_path: Path, base_config: dict[str, Any]
 ):
