@@ -68,7 +68,7 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
         "dtype": str(resolve_dtype(cfg.model.dtype, resolve_device(cfg.device))).removeprefix(
             "torch."
         ),
-        "seed": cfg.reward.calibration_seed,  # the sampling stream's ("seed" in files written before)
+        "seed": cfg.reward.calibration_seed,  # named before reward.calibration_seed existed
         "batch_size": cfg.optim.batch_size,
     }
 

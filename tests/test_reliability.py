@@ -262,8 +262,8 @@ def test_rerun_sweep_with_new_values_never_shows_old_results_under_new_labels(tm
 def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path, caplog):
     """A job.json written when max_steps, grad_clip and the validation keys lived in optim and
     trainer (and trainer held no Trainer defaults, kl_penalty did not exist and `seed` alone
-    seeded training and calibration) reads under today's names: the same job is skipped, and a changed setting
-    is still named."""
+    seeded training and calibration) reads under today's names: the same job is skipped, and a
+    changed setting is still named."""
     from grammarrl import rundir
 
     cfg = compose_config(["model=tiny", "mode=train", "logger=none"])
