@@ -1,9 +1,11 @@
 """The test evaluations at the end of a training run: the last step's adapter greedily
 (results.json, written last: it marks the run complete), optionally with beam search, the
-frozen model, and the adapter of the step with the best dev metric."""
+frozen model, and the adapter of the step with the best dev metric. A run interrupted between
+them evaluates, when restarted, only what it had not written yet."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from omegaconf import DictConfig
 from grammarrl.atomic import write_json
 from grammarrl.callbacks import BEST_DEV_RECORD
 from grammarrl.models import reference_mode
+from grammarrl.results import adapter_name
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +38,19 @@ def evaluate_trained(
 
     policy.eval()
     # results.json (greedy) is written last: its presence marks the run as complete (a sweep
-    # re-run skips the job), so a crash before it re-runs the evaluations on restart.
+    # re-run skips the job); a restart after a crash before it keeps what was written.
     results = evaluate_best_dev(cfg, policy, tokenizer, task, out, best_dev, final_step)
     if cfg.train.eval_beam:
-        results["beam"] = evaluate(
+        results["beam"] = stored_result(cfg, out, "results_beam", adapter) or evaluate(
             cfg, policy, tokenizer, task, "beam", out, name="results_beam", adapter=adapter
         )
     if cfg.train.eval_baseline:
-        with reference_mode(policy):
-            results["baseline"] = evaluate(
-                cfg, policy, tokenizer, task, "greedy", out, name="results_baseline"
-            )
+        results["baseline"] = stored_result(cfg, out, "results_baseline", None)
+        if results["baseline"] is None:
+            with reference_mode(policy):
+                results["baseline"] = evaluate(
+                    cfg, policy, tokenizer, task, "greedy", out, name="results_baseline"
+                )
     greedy = evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter)
     return {"greedy": greedy, **results}
 
@@ -76,6 +81,9 @@ def evaluate_best_dev(
         )
         return {}
     write_json(out / BEST_DEV_RECORD, best)
+    stored = stored_result(cfg, out, "results_best_dev", adapter)
+    if stored is not None:
+        return {"best_dev": stored}
     policy.load_adapter(str(adapter), adapter_name="best_dev")
     policy.set_adapter("best_dev")
     try:
@@ -86,3 +94,23 @@ def evaluate_best_dev(
         policy.set_adapter("default")
         policy.delete_adapter("best_dev")
     return {"best_dev": result}
+
+
+def stored_result(
+    cfg: DictConfig, out: Path, name: str, adapter: Path | None
+) -> dict[str, Any] | None:
+    """`<out>/<name>.json` when this run already wrote it with the same adapter (None: the
+    frozen model) before it was interrupted, else None. The run directory's plan removed the
+    results of other settings or fewer steps, so what is left came from these weights;
+    `skip_completed=false` evaluates everything again."""
+    path = out / f"{name}.json"
+    if not cfg.skip_completed:
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if stored.get("adapter") != adapter_name(adapter):
+        return None
+    log.info("%s is already there (this run wrote it before it was interrupted): kept", path)
+    return {**stored, "path": str(path)}
