@@ -44,8 +44,14 @@ def write_table(table: Table, out: Path) -> list[Path]:
 def runs_listing(
     runs: Sequence[Run], finished: Callable[[Run], bool], roots: Sequence[Path]
 ) -> str:
-    """Markdown list of every run with its status and configuration."""
-    lines = ["| run | status | wall time | configuration |", "|---|---|---|---|"]
+    """Markdown list of every run with its status, wall time and configuration. The wall time
+    is the job's last complete attempt (`timing.json`): a resumed training run's earlier
+    attempts, or the run its checkpoint came from, are not in it; the time of its steps is
+    (the step timings in its metrics, which carry over resumes)."""
+    header = (
+        "| run | status | wall time (last attempt) | steps logged (their time) | configuration |"
+    )
+    lines = [header, "|---|---|---|---|---|"]
     for run in runs:
         rel = next(
             (str(run.path.relative_to(r)) for r in roots if run.path.is_relative_to(r)),
@@ -57,8 +63,23 @@ def runs_listing(
             status = f"**failed**: {error}"
         wall = run.wall_seconds
         wall_text = f"{wall / 60:.1f} min" if wall is not None else "–"
-        lines.append(f"| {rel or '.'} | {status} | {wall_text} | {run.describe()} |")
+        lines.append(
+            f"| {rel or '.'} | {status} | {wall_text} | {step_time(run)} | {run.describe()} |"
+        )
     return "\n".join(lines) + "\n"
+
+
+def step_time(run: Run) -> str:
+    """`360 (114.2 min)`: the steps a training run logged a timing for and the sum of those
+    timings (`perf/step_seconds`; a step logged twice, redone after a resume, counts once;
+    runs resumed under older versions lack a step at each resume); `–` for other
+    runs."""
+    if run.mode != "train":
+        return "–"
+    timings = dict(analysis.read_metrics(run).get("perf/step_seconds", []))
+    if not timings:
+        return "–"
+    return f"{len(timings)} ({sum(timings.values()) / 60:.1f} min)"
 
 
 def curves_figure(

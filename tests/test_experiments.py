@@ -73,8 +73,24 @@ def test_runs_listing_gives_each_finished_job_its_wall_time(sweep_2x2: Path):
     make_run(sweep_2x2, "4_lambda=0.5,rollout.beam_width=3", lam=0.5)  # unfinished
     agg.aggregate("sweep", [sweep_2x2])
     rows = md_rows((sweep_2x2 / "aggregate" / "runs.md").read_text())
-    assert rows["0_lambda=0.0,rollout.beam_width=3"][:2] == ["ok", "2.5 min"]
+    assert rows["0_lambda=0.0,rollout.beam_width=3"][:3] == ["ok", "2.5 min", "–"]
     assert rows["4_lambda=0.5,rollout.beam_width=3"][:2] == ["missing", "–"]
+
+
+def test_runs_listing_sums_a_resumed_training_runs_step_times(tmp_path: Path):
+    """The last attempt's wall time (the evaluations after a resume) is not the run's: the
+    listing also gives its steps and their logged time, a step redone after a resume once."""
+    metrics = "step,perf/step_seconds,train/reward\n" + "".join(
+        f"{step},{seconds},-1.0\n" for step, seconds in [(0, 30), (1, 30), (2, 60), (2, 90)]
+    )
+    root = tmp_path / "sweep"
+    run = make_run(root, "0_train", results={"results": [0.3]}, metrics=metrics)
+    (run / "timing.json").write_text(json.dumps({"wall_seconds": 600.0}))
+    make_run(root, "1_eval", mode="eval", results={"results": [0.2]})
+    agg.aggregate("sweep", [root])
+    rows = md_rows((root / "aggregate" / "runs.md").read_text())
+    assert rows["0_train"][:3] == ["ok", "10.0 min", "3 (2.5 min)"]  # 30 + 30 + 90 s
+    assert rows["1_eval"][2] == "–"
 
 
 def test_errors_name_the_directory(tmp_path: Path):
