@@ -54,14 +54,16 @@ def evaluated(monkeypatch):
     return names
 
 
-def interrupted_run(out: Path, best_dev_adapter: Path) -> dict:
-    """A run dir whose job wrote its dev-best and frozen evaluations, not results.json."""
+def interrupted_run(out: Path) -> dict:
+    """A run dir whose job wrote its dev-best and frozen evaluations, not results.json; the
+    dev-best record it evaluated."""
+    best_dev_adapter = out / "adapter-best-dev"
     best_dev_adapter.mkdir(parents=True)
     (best_dev_adapter / "adapter_config.json").write_text("{}")
-    stored = {"adapter": adapter_name(out / "adapter-best-dev"), "scores": [0.4]}
+    stored = {"adapter": adapter_name(best_dev_adapter), "scores": [0.4]}
     (out / "results_best_dev.json").write_text(json.dumps(stored))
     (out / "results_baseline.json").write_text(json.dumps({"adapter": None, "scores": [0.2]}))
-    return {"step": 2, "adapter": str(out / "adapter-best-dev"), "value": 0.5}
+    return {"step": 2, "adapter": str(best_dev_adapter), "value": 0.5}
 
 
 def run(out: Path, best: dict, *overrides: str) -> tuple[dict, FakePolicy]:
@@ -72,7 +74,7 @@ def run(out: Path, best: dict, *overrides: str) -> tuple[dict, FakePolicy]:
 
 
 def test_a_restarted_run_keeps_the_evaluations_it_wrote(tmp_path, evaluated):
-    best = interrupted_run(tmp_path, tmp_path / "adapter-best-dev")
+    best = interrupted_run(tmp_path)
     results, policy = run(tmp_path, best)
     assert evaluated == ["results"]  # only the one it had not written
     assert results["best_dev"]["scores"] == [0.4] and results["baseline"]["scores"] == [0.2]
@@ -81,7 +83,7 @@ def test_a_restarted_run_keeps_the_evaluations_it_wrote(tmp_path, evaluated):
 
 
 def test_a_stored_evaluation_of_another_adapter_is_made_again(tmp_path, evaluated):
-    best = interrupted_run(tmp_path, tmp_path / "adapter-best-dev")
+    best = interrupted_run(tmp_path)
     (tmp_path / "results_best_dev.json").write_text(json.dumps({"adapter": "/elsewhere"}))
     results, _ = run(tmp_path, best)
     assert evaluated == ["results_best_dev", "results"]
@@ -89,7 +91,7 @@ def test_a_stored_evaluation_of_another_adapter_is_made_again(tmp_path, evaluate
 
 
 def test_skip_completed_false_evaluates_everything_again(tmp_path, evaluated):
-    best = interrupted_run(tmp_path, tmp_path / "adapter-best-dev")
+    best = interrupted_run(tmp_path)
     results, policy = run(tmp_path, best, "skip_completed=false")
     assert evaluated == ["results_best_dev", "results_baseline", "results"]
     assert results["best_dev"]["fresh"] and results["baseline"]["fresh"]
