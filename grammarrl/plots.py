@@ -12,6 +12,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
+LINE_STYLES = ("-", "--", ":", "-.")
+"""After matplotlib's ten cycle colours, labels repeat the colours with the next line style."""
+
+
+def line_style(index: int) -> dict[str, str]:
+    """The colour and line style of the `index`-th label: distinct for the first 40 labels."""
+    return {"color": f"C{index % 10}", "linestyle": LINE_STYLES[(index // 10) % len(LINE_STYLES)]}
+
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
     """Write `fig` to `path` (parents created) at 150 dpi and close it."""
@@ -31,7 +39,8 @@ def panel_grid(
 ) -> Path:
     """Small multiples: one panel per (title, {line label: [(x, y)]}); a label keeps its colour
     in every panel; one legend of every label, in the grid's first unused cell, else in the
-    first panel with lines. `ylabels`: one y-axis label per panel."""
+    first panel with lines (beyond ten labels, line styles tell apart labels that share a
+    colour). `ylabels`: one y-axis label per panel."""
     labels = list(dict.fromkeys(label for _, lines in panels for label in lines))
     rows = max(1, -(-len(panels) // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
@@ -43,8 +52,8 @@ def panel_grid(
             ax.plot(
                 steps,
                 values,
-                color=f"C{labels.index(label)}",
                 label=label,
+                **line_style(labels.index(label)),
                 marker="." if len(points) <= 20 else None,
             )
         ax.set(title=title, xlabel=xlabel)
@@ -57,7 +66,7 @@ def panel_grid(
         ax.axis("off")
     with_lines = [ax for ax, (_, lines) in zip(axes.flat, panels) if lines]
     if labels and (unused or with_lines):
-        handles = [Line2D([], [], color=f"C{i}", label=label) for i, label in enumerate(labels)]
+        handles = [Line2D([], [], label=label, **line_style(i)) for i, label in enumerate(labels)]
         holder = unused[0] if unused else with_lines[0]
         holder.legend(handles=handles, fontsize=7, loc="center" if unused else "best")
     return save_figure(fig, path)

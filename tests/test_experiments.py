@@ -389,6 +389,23 @@ def test_training_curves_from_metrics_csv(tmp_path: Path):
     assert any(p.name == "training_curves.png" for p in written)
 
 
+def test_a_panel_grid_of_many_runs_draws_every_run_its_own_way(tmp_path: Path, monkeypatch):
+    """Twelve labels: matplotlib's ten colours repeat, so the 11th and 12th labels differ from
+    the 1st and 2nd by their line style, in the panels and in the legend."""
+    from grammarrl import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)
+    lines = {f"run {i}": [(0, float(i)), (1, float(i) + 1)] for i in range(12)}
+    plots.panel_grid([("reward", lines), ("kl", lines)], tmp_path / "curves.png", columns=3)
+    (fig,) = figures
+    panel, legend_cell = fig.axes[0], fig.axes[2]
+    drawn = [(line.get_color(), line.get_linestyle()) for line in panel.get_lines()]
+    assert len(drawn) == 12 and len(set(drawn)) == 12
+    legend = [(h.get_color(), h.get_linestyle()) for h in legend_cell.get_legend().legend_handles]
+    assert legend == drawn
+
+
 def test_a_run_validated_once_is_named_with_the_settings_that_caused_it(tmp_path: Path, capsys):
     root = tmp_path / "curves"
     make_run(
