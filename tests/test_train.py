@@ -175,6 +175,25 @@ def test_the_dev_best_step_keeps_its_adapter_and_is_evaluated(trained):
     assert state["best"]["step"] == 2  # a resumed run compares against it
 
 
+def test_the_dev_best_evaluation_decoded_with_the_kept_weights(trained, tmp_path):
+    """results_best_dev's predictions are those of the kept adapter loaded on its own (mode=eval),
+    not the last step's: the tiny model's outputs are alike, their log-probabilities are not."""
+    from grammarrl.evaluate import evaluate, load_evaluated_model
+    from grammarrl.tasks import load_task
+
+    _, out, _ = trained
+    cfg = compose_config([*TINY_TRAIN, "mode=eval", f"eval.adapter={out / 'adapter-best-dev'}"])
+    model, tokenizer = load_evaluated_model(cfg)
+    evaluate(cfg, model, tokenizer, load_task(cfg), "greedy", tmp_path, progress=False)
+
+    def logps(path):
+        return [json.loads(line)["logp_constrained"] for line in path.read_text().splitlines()]
+
+    again = logps(tmp_path / "predictions.jsonl")
+    assert logps(out / "predictions_best_dev.jsonl") == pytest.approx(again, abs=1e-4)
+    assert logps(out / "predictions.jsonl") != pytest.approx(again, abs=1e-4)
+
+
 def test_the_training_seed_is_its_own():
     """`train.seed` follows `seed` unless set; set alone, it reorders training's inputs (and
     reseeds LoRA init and rollouts) while `seed` still draws the same test sets."""
