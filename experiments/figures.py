@@ -13,6 +13,8 @@ from grammarrl.plots import panel_grid, save_figure
 
 __all__ = ["Curve", "LambdaPoint", "against_lambda", "panel_grid", "training_curves"]
 
+RUN_MARKERS = (".", "x", "^", "s")  # dev and train already take the line styles
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -25,12 +27,13 @@ class Curve:
 
 
 def training_curves(curves: Sequence[Curve], path: Path, metric_names: Mapping[str, str]) -> Path:
-    """One panel per task; per run, the dev metric (solid) and the train metric (dashed)."""
+    """One panel per task; per run, the dev metric (solid) and the train metric (dashed), in
+    one of the ten cycle colours, with another marker for each further ten runs."""
     tasks = list(dict.fromkeys(c.task for c in curves))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for index, curve in enumerate(c for c in curves if c.task == task):
-            color = f"C{index}"
+            color, marker = f"C{index % 10}", RUN_MARKERS[(index // 10) % len(RUN_MARKERS)]
             for points, style, split in ((curve.dev, "-", "dev"), (curve.train, "--", "train")):
                 if points:
                     steps, values = zip(*points)
@@ -39,7 +42,7 @@ def training_curves(curves: Sequence[Curve], path: Path, metric_names: Mapping[s
                         values,
                         style,
                         color=color,
-                        marker=".",
+                        marker=marker,
                         label=f"{curve.label} ({split})",
                     )
         ax.set(title=task, xlabel="training step", ylabel=metric_names.get(task, "metric"))

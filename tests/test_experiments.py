@@ -392,6 +392,8 @@ def test_training_curves_from_metrics_csv(tmp_path: Path):
 def test_a_panel_grid_of_many_runs_draws_every_run_its_own_way(tmp_path: Path, monkeypatch):
     """Twelve labels: matplotlib's ten colours repeat, so the 11th and 12th labels differ from
     the 1st and 2nd by their line style, in the panels and in the legend."""
+    from matplotlib.colors import to_rgba
+
     from grammarrl import plots
 
     figures = []
@@ -400,10 +402,31 @@ def test_a_panel_grid_of_many_runs_draws_every_run_its_own_way(tmp_path: Path, m
     plots.panel_grid([("reward", lines), ("kl", lines)], tmp_path / "curves.png", columns=3)
     (fig,) = figures
     panel, legend_cell = fig.axes[0], fig.axes[2]
-    drawn = [(line.get_color(), line.get_linestyle()) for line in panel.get_lines()]
+    drawn = [(to_rgba(line.get_color()), line.get_linestyle()) for line in panel.get_lines()]
     assert len(drawn) == 12 and len(set(drawn)) == 12
-    legend = [(h.get_color(), h.get_linestyle()) for h in legend_cell.get_legend().legend_handles]
+    handles = legend_cell.get_legend().legend_handles
+    legend = [(to_rgba(h.get_color()), h.get_linestyle()) for h in handles]
     assert legend == drawn
+
+
+def test_a_sweeps_training_curves_of_many_runs_keep_each_run_apart(tmp_path: Path, monkeypatch):
+    """Twelve runs of one task: the 11th and 12th share colours with the 1st and 2nd and differ
+    by their marker; dev (solid) and train (dashed) lines of a run share colour and marker."""
+    from matplotlib.colors import to_rgba
+
+    from experiments import figures
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: drawn.append(fig) or path)
+    curves = [
+        figures.Curve("conll", f"run {i}", train=[(0, 0.1), (1, 0.2)], dev=[(0, 0.1), (1, i / 12)])
+        for i in range(12)
+    ]
+    figures.training_curves(curves, tmp_path / "curves.png", {"conll": "F1"})
+    (ax,) = drawn[0].axes
+    styles = [(to_rgba(ln.get_color()), ln.get_marker(), ln.get_linestyle()) for ln in ax.lines]
+    assert len(styles) == 24 and len(set(styles)) == 24
+    assert styles[0][:2] == styles[1][:2] and styles[0][2] != styles[1][2]  # run 0: dev, train
 
 
 def test_a_run_validated_once_is_named_with_the_settings_that_caused_it(tmp_path: Path, capsys):
