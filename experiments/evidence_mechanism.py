@@ -82,52 +82,12 @@ def mechanism_table(
         f"combined, λ={format_number(lam)}" + (" (chosen)" if chosen and lam == chosen.lam else "")
         for lam in lambdas
     ]
-    rows = []
-    for row in systems:
-        if row.paired_selection:
-            continue
-        rewards = row.rewards()
-        if not row.present:
-            rows.append(Row(row.label, [Cell(text=MISSING)] + [Cell() for _ in header[2:]]))
-            continue
-        cells = [Cell(*mean_std(row.scores))]
-        if rewards is None:
-            cells += [Cell(text="not scored")] + [Cell() for _ in header[3:]]
-        else:
-            cells += [
-                Cell(*mean_std([d for d, _ in rewards])),
-                Cell(*mean_std([r for _, r in rewards])),
-            ]
-            cells += [
-                Cell(
-                    *mean_std(
-                        [
-                            combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse)
-                            for d, r in rewards
-                        ]
-                    )
-                )
-                if sigmas
-                else Cell()
-                for lam in lambdas
-            ]
-        rows.append(Row(row.label, cells))
-    if sigmas is None:
-        basis = (
-            "no σ's: no training run has finished, and no evaluated adapter's run sets them"
-            if chosen is None
-            else f"no σ's found for the chosen run {chosen.run.path}"
-        )
-    else:
-        owner = (
-            f"the chosen run's (N={chosen.n}, B={chosen.greedy.beam_width}) calibration"
-            if chosen is not None
-            else f"{by_role(systems, 'chosen').label}'s run"
-        )
-        basis = (
-            f"the σ's of {owner}, σ_direct={sigmas.direct:.4f}, σ_reverse={sigmas.reverse:.4f} "
-            f"({sigmas.source})"
-        )
+    rows = [
+        Row(row.label, _reward_cells(row, len(header) - 1, lambdas, sigmas))
+        for row in systems
+        if not row.paired_selection
+    ]
+    basis = _sigma_basis(systems, chosen, sigmas)
     table = Table(
         "mechanism",
         "Evidence II, rewards of each system's test outputs under the frozen reference: mean "
@@ -141,6 +101,46 @@ def mechanism_table(
     )
     table.notes.extend(_mechanism_notes(systems, lambdas, sigmas))
     return table
+
+
+def _reward_cells(
+    row: System, width: int, lambdas: Sequence[float], sigmas: Sigmas | None
+) -> list[Cell]:
+    """A system's `width` cells: its metric, R_direct, R_reverse, then the combined reward at
+    each λ (blank without σ's)."""
+    if not row.present:
+        return [Cell(text=MISSING)] + [Cell() for _ in range(width - 1)]
+    cells = [Cell(*mean_std(row.scores))]
+    rewards = row.rewards()
+    if rewards is None:
+        return cells + [Cell(text="not scored")] + [Cell() for _ in range(width - 2)]
+    cells += [Cell(*mean_std([d for d, _ in rewards])), Cell(*mean_std([r for _, r in rewards]))]
+    for lam in lambdas:
+        if sigmas is None:
+            cells.append(Cell())
+            continue
+        combined = [combine_rewards(d, r, lam, sigmas.direct, sigmas.reverse) for d, r in rewards]
+        cells.append(Cell(*mean_std(combined)))
+    return cells
+
+
+def _sigma_basis(
+    systems: Sequence[System], chosen: TrainingRun | None, sigmas: Sigmas | None
+) -> str:
+    """Whose σ's combine the rewards, for the table's caption."""
+    if sigmas is None:
+        if chosen is None:
+            return "no σ's: no training run has finished, and no evaluated adapter's run sets them"
+        return f"no σ's found for the chosen run {chosen.run.path}"
+    owner = (
+        f"the chosen run's (N={chosen.n}, B={chosen.greedy.beam_width}) calibration"
+        if chosen is not None
+        else f"{by_role(systems, 'chosen').label}'s run"
+    )
+    return (
+        f"the σ's of {owner}, σ_direct={sigmas.direct:.4f}, σ_reverse={sigmas.reverse:.4f} "
+        f"({sigmas.source})"
+    )
 
 
 def _mechanism_notes(
