@@ -24,8 +24,15 @@ class StepProgressBar(TQDMProgressBar):
     def validation_description(self) -> str:
         return "validate"
 
+    def on_train_start(self, trainer: L.Trainer, *_: Any) -> None:
+        super().on_train_start(trainer)
+        self._count_steps(trainer)  # a run resumed mid-epoch gets no on_train_epoch_start
+
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
-        bar = self.train_progress_bar  # one bar for the run (Lightning's: one per epoch)
+        self._count_steps(trainer)  # one bar for the run (Lightning's: one per epoch)
+
+    def _count_steps(self, trainer: L.Trainer) -> None:
+        bar = self.train_progress_bar
         bar.reset(total=trainer.max_steps)
         bar.initial = bar.n = trainer.global_step  # the ETA counts this run's steps only
         bar.unit = "step"

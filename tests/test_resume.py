@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,8 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path):
     run(killed, tmp_path / "resumed.log")  # the same command again
     text = (tmp_path / "resumed.log").read_text()
     assert "Resuming from" in text and f"({done} steps done)" in text
+    # Its progress bar counts optimizer steps of the whole run, from where it left off.
+    assert re.search(rf"train: +\d+%\|[^|]*\| {done + 1}/{STEPS} \[", text), text[-3000:]
 
     a, b = adapter(straight), adapter(killed)
     assert a.keys() == b.keys() and len(a) > 0
