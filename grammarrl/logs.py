@@ -22,7 +22,7 @@ THIRD_PARTY_WARNINGS = (
         "our batches are indexed by step, so a resumed run replays the same inputs exactly",
     ),
     (
-        r"Previous log files in this directory will be deleted",
+        r"Experiment logs directory .* exists and is not empty\. Previous log files",
         "a resumed run keeps the earlier metrics rows (grammarrl.train merges them back)",
     ),
 )

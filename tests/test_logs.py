@@ -16,6 +16,11 @@ def test_known_noise_is_dropped_and_other_messages_kept(caplog):
         quiet_third_party()
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
         warnings.warn("Found 397 module(s) in eval mode at the start of training.", UserWarning)
+        warnings.warn(
+            "Experiment logs directory /runs/a/metrics exists and is not empty. Previous log files"
+            " in this directory will be deleted when the new ones are saved!",
+            UserWarning,
+        )
         warnings.warn("a library warning we do not know", FutureWarning)
         warnings.warn("our own warning", UserWarning)
     assert [str(w.message) for w in caught] == [
