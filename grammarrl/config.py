@@ -26,6 +26,7 @@ ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 MODEL_SOURCES = ("hub", "embedded", "tiny")
 KL_PENALTIES = ("loss", "reward", "grammar")  # where beta's term enters: grammarrl.rloo
 DECODINGS = ("greedy", "beam")
+TEST_SET_DRAWINGS = ("disjoint", "seed_plus_index")
 SEARCH_METHODS = ("rerank", "is", "smc")
 SEARCH_POTENTIALS = ("reverse", "task", "none")
 LOGGERS = ("wandb", "none")
@@ -281,6 +282,19 @@ def _check_evaluation(mode: str, ev: Any, search: Any) -> None:
     _check(ev.decoding in DECODINGS, "eval.decoding", ev.decoding, f"one of {DECODINGS}")
     for key in ("beam_width", "num_test_sets", "test_size", "batch_size"):
         _check(ev[key] >= 1, f"eval.{key}", ev[key], "an integer >= 1")
+    _check(
+        ev.test_set_drawing in TEST_SET_DRAWINGS,
+        "eval.test_set_drawing",
+        ev.test_set_drawing,
+        f"one of {', '.join(TEST_SET_DRAWINGS)}",
+    )
+    seeds = list(ev.sampler_seeds)
+    _check(
+        bool(seeds) and all(s >= 0 for s in seeds) and len(set(seeds)) == len(seeds),
+        "eval.sampler_seeds",
+        seeds,
+        "a non-empty list of distinct integers >= 0, e.g. [0, 1, 2]",
+    )
     _check(
         search.method in SEARCH_METHODS,
         "search.method",

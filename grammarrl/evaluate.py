@@ -22,7 +22,7 @@ from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.errors import DataError
 from grammarrl.results import adapter_name, build_results, dtype_name, write_results
 from grammarrl.rundir import run_dir
-from grammarrl.tasks.base import Task
+from grammarrl.tasks.base import Task, drawing_note
 from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,11 @@ def run_scoring_job(cfg: DictConfig, decode: Callable[..., dict[str, Any]]) -> d
 
 def run_eval(cfg: DictConfig) -> dict[str, Any]:
     """mode=eval: decode the test sets with `eval.decoding`, score them, write the results."""
+    log.info(
+        "eval.sampler_seeds is not used: %s decoding is deterministic, one pass per test set "
+        "(its outputs can still move with eval.batch_size in bfloat16)",
+        cfg.eval.decoding,
+    )
     return run_scoring_job(
         cfg,
         lambda cfg, model, tokenizer, task, out: evaluate(
@@ -104,13 +109,25 @@ def is_valid(task: Task, gen: Generation) -> bool:
 
 
 def test_examples(cfg: DictConfig, task: Task) -> tuple[list[list[Example]], list[Example]]:
-    """The seeded test sets (`eval.num_test_sets` x `eval.test_size`) and all their examples in
-    order; DataError when there are none."""
-    test_sets = task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)
+    """The seeded test sets (`eval.num_test_sets` x `eval.test_size`, drawn as
+    `eval.test_set_drawing` says) and all their examples in order; DataError when there are
+    none. Warns when the sets cannot be disjoint (`drawing_note`)."""
+    ev = cfg.eval
+    test_sets = task.test_sets(ev.num_test_sets, ev.test_size, cfg.seed, ev.test_set_drawing)
     examples = [ex for test_set in test_sets for ex in test_set]
     if not examples:
         raise DataError(f"task {task.name}: the test sets are empty (no test examples)")
+    note = test_sets_note(cfg, task)
+    if note:
+        log.warning("task %s: %s", task.name, note)
     return test_sets, examples
+
+
+def test_sets_note(cfg: DictConfig, task: Task) -> str:
+    """`drawing_note` for the run's test sets ("" when they are disjoint)."""
+    ev = cfg.eval
+    pool = len(task.splits().test_pool)
+    return drawing_note(ev.num_test_sets, ev.test_size, cfg.seed, pool, ev.test_set_drawing)
 
 
 def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> dict[str, int]:
@@ -302,8 +319,12 @@ def output_summary(task: Task, outputs: list[Generation], seconds: float) -> dic
     }
 
 
-def sets_summary(cfg: DictConfig, test_sets: list[list[Example]], distinct: int) -> dict[str, Any]:
-    """How the test sets were drawn and decoded (results fields shared by eval and search)."""
+def sets_summary(
+    cfg: DictConfig, task: Task, test_sets: list[list[Example]], distinct: int
+) -> dict[str, Any]:
+    """How the test sets were drawn and decoded (results fields shared by eval and search):
+    the drawing, whether the sets can share examples (`test_sets_note`), and every set's
+    example ids, so that results are paired by the examples they hold, never by set index."""
     return {
         "num_test_sets": len(test_sets),
         "test_size": len(test_sets[0]) if test_sets else 0,
@@ -311,6 +332,10 @@ def sets_summary(cfg: DictConfig, test_sets: list[list[Example]], distinct: int)
         "num_unique_examples": distinct,
         "max_new_tokens": cfg.task.max_new_tokens,
         "seed": cfg.seed,
+        "test_set_drawing": cfg.eval.test_set_drawing,
+        "test_pool_size": len(task.splits().test_pool),
+        "test_sets_note": test_sets_note(cfg, task),
+        "set_ids": [[ex.uid for ex in test_set] for test_set in test_sets],
     }
 
 
@@ -373,7 +398,7 @@ def evaluate(
         **output_summary(task, unique, seconds),
         beam_width=beam_width if decoding == "beam" else None,
         length_penalty=cfg.eval.length_penalty if decoding == "beam" else None,
-        **sets_summary(cfg, test_sets, len(unique)),
+        **sets_summary(cfg, task, test_sets, len(unique)),
         batch_size=cfg.eval.batch_size,
         adapter=adapter_name(adapter),
         device=str(decoder.device),

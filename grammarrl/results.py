@@ -63,9 +63,13 @@ def config_dict(cfg: DictConfig | Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def adapter_name(adapter: str | Path | None) -> str | None:
-    """How results name the adapter that produced them: its absolute directory, None for the
-    frozen base model."""
-    return str(Path(adapter).absolute()) if adapter else None
+    """How results name the adapter that produced them: its directory relative to the working
+    directory (the repository) when it lies inside it, else its absolute directory; None for
+    the frozen base model."""
+    if not adapter:
+        return None
+    path = Path(adapter).absolute()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def dtype_name(model: Any) -> str:

@@ -46,6 +46,8 @@ RECORDED_MODES = ("train", "eval", "search", "calibrate")  # modes that write in
 SKIPPABLE_MODES = ("train", "eval", "search")
 # Keys that change no number a job writes: never compared.
 BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume", "task._target_")
+# Keys that change no number of a mode's jobs: not compared for it.
+MODE_UNUSED = {mode: ("eval.sampler_seeds",) for mode in ("train", "eval", "calibrate")}
 # Keys a training run may change and still continue from its checkpoint (logged when changed).
 # Its σ's come from the checkpoint, so where the calibration file lives does not matter either.
 CONTINUABLE = (
@@ -75,7 +77,11 @@ TRAINER_BEFORE = {
     "use_distributed_sampler": False,
 }
 # Keys added since: the value a config recorded before a key existed was run with.
-ADDED = {"kl_penalty": "loss"}
+ADDED = {
+    "kl_penalty": "loss",
+    "eval.test_set_drawing": "seed_plus_index",
+    "eval.sampler_seeds": None,  # one draw, seeded with `seed`
+}
 # Keys split off another since (new -> old): a config recorded before ran with the old key's value.
 SPLIT_FROM = {"train.seed": "seed", "reward.calibration_seed": "seed"}
 RESULTS = ("results*.json", "predictions*.jsonl")
@@ -166,7 +172,10 @@ def current_names(config: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(trainer, dict) and "_target_" not in trainer:
         config["trainer"] = {**TRAINER_BEFORE, **trainer}
     for key, value in ADDED.items():
-        config.setdefault(key, value)
+        *parents, leaf = key.split(".")
+        node = reduce(lambda n, part: n.setdefault(part, {}), parents, config)
+        if isinstance(node, dict):
+            node.setdefault(leaf, value)
     for new, old in SPLIT_FROM.items():
         *parents, leaf = new.split(".")
         node = reduce(lambda n, part: n.setdefault(part, {}), parents, config)
@@ -243,7 +252,7 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
             f"mode={cfg.mode} would write its results on top of them: give this job its own "
             "directory (hydra.run.dir=... or hydra.sweep.dir=...)",
         )
-    changed = differing_keys(record["config"], new)
+    changed = differing_keys(record["config"], new, (*BOOKKEEPING, *MODE_UNUSED.get(cfg.mode, ())))
     machine = machine_differences(record, stored_results(out), resolved_settings(cfg))
     if not changed and not machine:
         done = stored_results(out) if cfg.mode in SKIPPABLE_MODES else None

@@ -104,6 +104,8 @@ class EvalSchema:
     batch_size: int
     adapter: Any
     score_rewards: bool
+    test_set_drawing: str
+    sampler_seeds: list[int]
 
 
 @dataclass

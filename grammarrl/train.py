@@ -26,6 +26,7 @@ from grammarrl.callbacks import (
 from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
+from grammarrl.evaluate import test_examples
 from grammarrl.models import add_lora, load_model
 from grammarrl.module import GrammarRLModule
 from grammarrl.progress import StepProgressBar
@@ -282,8 +283,7 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
         )
         stash_metrics(out, resume)
     task = load_task(cfg)
-    task.test_sets(cfg.eval.num_test_sets, cfg.eval.test_size, cfg.seed)  # an empty test pool
-    # fails now, not after hours of training
+    test_examples(cfg, task)  # an empty test pool fails now, not after hours of training
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task, resume)
     policy = add_lora(model, cfg.lora)

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from grammarrl.data.hints import HintIndex, top_k
-from grammarrl.data.sources import SAMPLES_DIR, data_root
+from grammarrl.data.sources import SAMPLES_DIR, data_root, relative_uid
 from grammarrl.data.splits import partition
 from grammarrl.errors import DataError
 from grammarrl.tasks import load_task
-from grammarrl.types import Example
+from grammarrl.tasks.base import drawing_note
+from grammarrl.types import Example, Splits
 from tests.conftest import compose_config
 
 TASKS = ("gloss", "wos", "conll")
@@ -153,6 +154,53 @@ def test_test_sets_are_seeded_and_reproducible():
     assert sets[0] != sets[1]
     pool = set(task.splits().test_pool)
     assert all(set(s) <= pool for s in sets)
+
+
+def _task_with_pool(size: int):
+    """The conll task with a test pool of `size` synthetic examples."""
+    task = task_on("conll", None)
+    pool = [Example(f"t:{i}", f"text {i}", "") for i in range(size)]
+    task._splits = Splits(train=[], dev=[], fewshot=[], test_pool=pool)
+    return task
+
+
+def test_test_sets_of_different_seeds_share_no_example():
+    task = _task_with_pool(1200)
+    drawn = {
+        (seed, i): {ex.uid for ex in test_set}
+        for seed in range(4)
+        for i, test_set in enumerate(task.test_sets(3, 100, seed))
+    }
+    assert all(len(ids) == 100 for ids in drawn.values())
+    pairs = [(a, b) for a in drawn for b in drawn if a < b]
+    assert all(not drawn[a] & drawn[b] for a, b in pairs)
+    assert drawing_note(3, 100, 3, 1200, "disjoint") == ""
+    # the drawing before: seed 1's first set is seed 0's second, and it stays reproducible
+    old = {s: task.test_sets(3, 100, s, "seed_plus_index") for s in (0, 1)}
+    assert old[1][0] == old[0][1]
+    assert "Random(seed+i)" in drawing_note(3, 100, 0, 1200, "seed_plus_index")
+
+
+def test_disjoint_test_sets_are_nested_in_the_number_of_sets_and_wrap_with_a_note():
+    task = _task_with_pool(250)
+    assert task.test_sets(2, 50, 0) == task.test_sets(5, 50, 0)[:2]
+    wrapped = task.test_sets(3, 100, 0)  # 300 examples wanted from 250
+    assert all(len({ex.uid for ex in s}) == 100 for s in wrapped)
+    assert {ex.uid for ex in wrapped[2]} & {ex.uid for ex in wrapped[0]}
+    note = drawing_note(3, 100, 0, 250, "disjoint")
+    assert "250" in note and "share examples" in note
+
+
+def test_example_ids_are_relative_to_the_data_directory(tmp_path):
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(SAMPLES_DIR, copy)
+    here = task_on("conll", None).splits().test_pool
+    there = task_on("conll", copy).splits().test_pool
+    assert [ex.uid for ex in there] == [ex.uid for ex in here]
+    assert here[0].uid.startswith("conll2003/") and ":" in here[0].uid
+    # older results held the absolute path: normalised to the same id
+    assert relative_uid(f"{copy}/{here[0].uid}", copy) == here[0].uid
+    assert relative_uid("eriktks/conll2003:test:3", copy) == "eriktks/conll2003:test:3"
 
 
 def test_partition_sizes_and_determinism():

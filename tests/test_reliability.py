@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
 import json
 import logging
 import os
@@ -280,11 +281,19 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path, caplog):
     for key in rundir.TRAINER_BEFORE:
         del trainer[key]
     for key in rundir.ADDED:
-        del config[key]
+        *parents, leaf = key.split(".")
+        del functools.reduce(dict.get, parents, config)[leaf]
     del train["seed"]
     del config["reward"]["calibration_seed"]
     write_json(tmp_path / "job.json", record)
-    assert rundir.plan_job(cfg, tmp_path).done == {"mean": 0.5}
+    before = compose_config(
+        ["model=tiny", "mode=train", "logger=none", "eval.test_set_drawing=seed_plus_index"]
+    )
+    assert rundir.plan_job(before, tmp_path).done == {"mean": 0.5}
+    with caplog.at_level("WARNING"):  # today's test sets: evaluated again, training continues
+        assert rundir.plan_job(cfg, tmp_path).remove == [tmp_path / "results.json"]
+    assert "eval.test_set_drawing=seed_plus_index (now disjoint)" in caplog.text
+    write_json(tmp_path / "results.json", {"mean": 0.5})
     for change, named in (
         ("kl_penalty=reward", "kl_penalty=loss"),
         ("train.seed=1", "train.seed=0"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,16 @@ def _note_samples() -> None:
         "say nothing about the method",
         SAMPLES_DIR,
     )
+
+
+def relative_uid(uid: str, root: str | Path | None) -> str:
+    """An example id that is the same on every machine: a `file:line` id under `root` (the data
+    directory, or a custom task's folder) made relative to it; other ids (hub rows, ids already
+    relative, no root) unchanged. Also normalises the absolute ids of older results files."""
+    path, sep, line = uid.rpartition(":")
+    if not sep or not root or not os.path.isabs(path):
+        return uid
+    return f"{Path(os.path.relpath(path, str(root))).as_posix()}:{line}"
 
 
 def task_dir(root: Path, name: str, task: str) -> Path:

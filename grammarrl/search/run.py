@@ -4,14 +4,17 @@ Methods") on the seeded test sets, scored like mode=eval.
     python -m grammarrl.run mode=search search.method=rerank|is|smc search.particles=10 \
         [search.potential=reverse|task|none] [eval.adapter=PATH]
 
-Each distinct test example is decoded once: N particles from the grammar-constrained proposal
+Each distinct test example is decoded once per sampler seed (`eval.sampler_seeds`, default three
+independent draws on the same test sets; results keep every draw's scores, `scores` is their
+mean per set): N particles from the grammar-constrained proposal
 (`grammarrl.decoding.smc`), weighted by p/q (exact local-masking weights) times the expensive
 potential, resampled when ESS < N/3 (smc only), then reduced to one output (posterior mode; the
 potential's argmax for rerank). rerank and is draw the very same particles for the same seed
 (paired, as in the paper), and each run also reports the other's selection on its particles.
 
 Cost: with `search.greedy_baseline` (default) the run first decodes the same examples greedily
-with the same decoder, and reports wall-time and forward-token ratios against that pass.
+with the same decoder, and reports wall-time and forward-token ratios of one draw against that
+pass.
 Writes results.json and predictions.jsonl (schema in `grammarrl.results`, plus the search fields
 documented in docs/search.md).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +131,22 @@ def search_examples(
     return populations, potential_seconds
 
 
+@dataclass
+class _Draw:
+    """One run of the method over every distinct test example with one sampler seed, scored."""
+
+    sampler_seed: int
+    populations: dict[str, ParticleSet]
+    picks: _Selections
+    selected: dict[str, Generation]
+    scores: list[float]
+    per_set: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    seconds: float
+    potential_seconds: float
+    search_tokens: int
+
+
 def search(
     cfg: DictConfig,
     model: torch.nn.Module,
@@ -136,28 +156,89 @@ def search(
     name: str = "results",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run `cfg.search` on the seeded test sets (`cfg.eval.num_test_sets` x `test_size`), write
-    `<out>/<name>.json` and the predictions; returns the results record (with `path`)."""
+    """Run `cfg.search` on the seeded test sets (`cfg.eval.num_test_sets` x `test_size`) once
+    per sampler seed (`cfg.eval.sampler_seeds`), write `<out>/<name>.json` (per-draw scores and
+    their mean per set) and the predictions (one row per draw, set and example); returns the
+    results record (with `path`)."""
     settings = cfg.search
     out = Path(out) if out is not None else run_dir(cfg)
-    method = str(settings.method)
-    potential_name = str(settings.potential or default_potential(method))
+    potential_name = str(settings.potential or default_potential(str(settings.method)))
     potential = make_potential(potential_name, task, model, tokenizer)
-    test_sets, all_examples = test_examples(cfg, task)
+    test_sets = test_examples(cfg, task)[0]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     greedy = None
     if settings.greedy_baseline:
         greedy = _greedy_baseline(
             decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress
         )
+    draws = []
+    for draw, sampler_seed in enumerate(int(seed) for seed in cfg.eval.sampler_seeds):
+        log.info("search: draw %d with sampler seed %d", draw, sampler_seed)
+        draws.append(
+            _draw(
+                cfg, model, tokenizer, task, decoder, potential, test_sets, sampler_seed, progress
+            )
+        )
+        for row in draws[-1].rows:
+            row.update(draw=draw, sampler_seed=sampler_seed)
+    potential_tokens = potential.forward_tokens // len(draws)
+    seconds = sum(d.seconds for d in draws) / len(draws)  # one draw's cost
+    potential_seconds = sum(d.potential_seconds for d in draws) / len(draws)
+    search_tokens = sum(d.search_tokens for d in draws) // len(draws)
+    pooled = [g for d in draws for g in d.selected.values()]
+    results = build_results(
+        task=task.name,
+        model=cfg.model.name,
+        decoding=str(settings.method),
+        metric=task.metric_name,
+        scores=_mean_over_draws([d.scores for d in draws]),
+        config=cfg,
+        **output_summary(task, pooled, seconds * len(draws)),
+        **_method_fields(settings, potential_name),
+        adapter=adapter_name(cfg.eval.adapter),
+        **_costs(seconds, potential_seconds, search_tokens, potential_tokens, greedy),
+        sampler_seeds=[d.sampler_seed for d in draws],
+        scores_per_draw=[d.scores for d in draws],
+        diagnostics=_diagnostics(
+            [p for d in draws for p in d.populations.values()],
+            pooled,
+            _mean_over_draws([d.picks.posterior_weighted for d in draws]),
+        ),
+        selections=_selection_scores([d.picks for d in draws]),
+        potential_seconds=potential_seconds,
+        forward_tokens=search_tokens,
+        potential_forward_tokens=potential_tokens,
+        **sets_summary(cfg, task, test_sets, len(draws[0].selected)),
+        device=str(decoder.device),
+        dtype=dtype_name(model),
+        per_set=[_mean_records([d.per_set[i] for d in draws]) for i in range(len(test_sets))],
+    )
+    return save_results(out, results, [row for d in draws for row in d.rows], name)
+
+
+def _draw(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Task,
+    decoder: ConstrainedDecoder,
+    potential: Potential,
+    test_sets: list[list[Example]],
+    sampler_seed: int,
+    progress: bool,
+) -> _Draw:
+    """Particles of every distinct example drawn with `sampler_seed`, selected and scored."""
+    settings = cfg.search
+    all_examples = [ex for test_set in test_sets for ex in test_set]
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
-        decoder, tokenizer, task, all_examples, potential, settings, int(cfg.seed), progress
+        decoder, tokenizer, task, all_examples, potential, settings, sampler_seed, progress
     )
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
-    potential_tokens = potential.forward_tokens
-    picks = _Selections(task, populations, method, int(settings.posterior_draws), int(cfg.seed))
+    picks = _Selections(
+        task, populations, str(settings.method), int(settings.posterior_draws), sampler_seed
+    )
     selected = picks.selected()
     rewards = None
     if cfg.eval.score_rewards:
@@ -165,29 +246,43 @@ def search(
     scores, per_set, rows = score_test_sets(
         task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
     )
-    unique = list(selected.values())
-    results = build_results(
-        task=task.name,
-        model=cfg.model.name,
-        decoding=method,
-        metric=task.metric_name,
-        scores=scores,
-        config=cfg,
-        **output_summary(task, unique, seconds),
-        **_method_fields(settings, potential_name),
-        adapter=adapter_name(cfg.eval.adapter),
-        **_costs(seconds, potential_seconds, search_tokens, potential_tokens, greedy),
-        diagnostics=_diagnostics(list(populations.values()), unique, picks.posterior_weighted),
-        selections={m: {"scores": v, "mean": mean_std(v)[0]} for m, v in picks.scores.items()},
-        potential_seconds=potential_seconds,
-        forward_tokens=search_tokens,
-        potential_forward_tokens=potential_tokens,
-        **sets_summary(cfg, test_sets, len(unique)),
-        device=str(decoder.device),
-        dtype=dtype_name(model),
-        per_set=per_set,
+    return _Draw(
+        sampler_seed,
+        populations,
+        picks,
+        selected,
+        scores,
+        per_set,
+        rows,
+        seconds,
+        potential_seconds,
+        search_tokens,
     )
-    return save_results(out, results, rows, name)
+
+
+def _mean_over_draws(per_draw: list[list[float]]) -> list[float]:
+    """Per test set, the mean of its values over the draws."""
+    return [sum(values) / len(values) for values in zip(*per_draw)]
+
+
+def _mean_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One test set's record over the draws: every numeric field averaged, and each draw's own
+    record under `per_draw`."""
+    numeric = [
+        k for k, v in records[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    mean = {k: sum(float(r[k]) for r in records) / len(records) for k in numeric}
+    return {**mean, "size": records[0]["size"], "per_draw": records}
+
+
+def _selection_scores(picks: list[_Selections]) -> dict[str, dict[str, Any]]:
+    """Each selection's per-set metric: the mean over draws, each draw's, and the overall mean."""
+    selections = {}
+    for method in picks[0].scores:
+        per_draw = [p.scores[method] for p in picks]
+        scores = _mean_over_draws(per_draw)
+        selections[method] = {"scores": scores, "mean": mean_std(scores)[0], "per_draw": per_draw}
+    return selections
 
 
 def _method_fields(settings: DictConfig, potential: str) -> dict[str, Any]:
@@ -206,7 +301,7 @@ def _method_fields(settings: DictConfig, potential: str) -> dict[str, Any]:
 class _Selections:
     """Each output picked from the particles: the method's own selection, plus the paired one on
     the same particles (rerank <-> is); per test set, every selection's metric and the
-    posterior-weighted metric (`posterior_draws` draws)."""
+    posterior-weighted metric (`posterior_draws` draws); per example, every selection's score."""
 
     def __init__(
         self, task: Task, populations: dict[str, ParticleSet], method: str, draws: int, seed: int
@@ -218,6 +313,7 @@ class _Selections:
             m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()} for m in methods
         }
         self.scores: dict[str, list[float]] = {m: [] for m in methods}
+        self.items: dict[tuple[int, str], dict[str, Any]] = {}  # (set, uid) -> method -> item
         self.posterior_weighted: list[float] = []
 
     def selected(self) -> dict[str, Generation]:
@@ -228,7 +324,10 @@ class _Selections:
     def set_fields(self, set_idx: int, test_set: list[Example]) -> dict[str, Any]:
         for method, chosen in self.chosen.items():
             texts = [self.populations[ex.uid].generations[chosen[ex.uid]].text for ex in test_set]
-            self.scores[method].append(self.task.score(texts, test_set).value)
+            result = self.task.score(texts, test_set)
+            self.scores[method].append(result.value)
+            for ex, item in zip(test_set, result.per_example):
+                self.items.setdefault((set_idx, ex.uid), {})[method] = item
         weighted = float("nan")
         if self.draws:
             sampled = posterior_draws(
@@ -242,12 +341,15 @@ class _Selections:
         return {"posterior_weighted": weighted}
 
     def row_fields(self, set_idx: int, ex: Example, gen: Generation) -> dict[str, Any]:
-        return _particle_fields(
-            gen,
-            self.populations[ex.uid],
-            self.chosen[self.method][ex.uid],
-            {m: chosen[ex.uid] for m, chosen in self.chosen.items()},
-        )
+        return {
+            **_particle_fields(
+                gen,
+                self.populations[ex.uid],
+                self.chosen[self.method][ex.uid],
+                {m: chosen[ex.uid] for m, chosen in self.chosen.items()},
+            ),
+            "selection_scores": self.items[(set_idx, ex.uid)],
+        }
 
 
 def _greedy_baseline(

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 from grammarrl.errors import DataError
 from grammarrl.types import Example, Message, Scores, Splits
 
+POOL_ORDER_SEED = 0  # the one shuffle of the test pool that disjoint test sets are cut from
+
 
 class Task(ABC):
     """One structured-generation task."""
@@ -59,10 +61,44 @@ class Task(ABC):
         """Whether the task defines `search_penalty`."""
         return cls.search_penalty is not Task.search_penalty
 
-    def test_sets(self, num_sets: int, size: int, seed: int) -> list[list[Example]]:
-        """`num_sets` test sets of `size` examples from the test pool, set i drawn with seed+i."""
+    def test_sets(
+        self, num_sets: int, size: int, seed: int, drawing: str = "disjoint"
+    ) -> list[list[Example]]:
+        """`num_sets` test sets of `size` examples from the test pool (`drawing_note` says when
+        they cannot be disjoint).
+
+        disjoint: the pool in one fixed shuffled order, cut into slots of `size`; set i of seed
+        s takes slot s·num_sets + i, so two (seed, set) pairs never share an example while the
+        pool holds both slots (past its end the slots wrap around). seed_plus_index: set i is
+        `Random(seed + i).sample(pool, size)`, the drawing of results written before
+        2026-11-27 (seed s's set i+1 is seed s+1's set i)."""
         pool = self.splits().test_pool
         if not pool:
             raise DataError(f"task {self.name}: the test pool is empty")
         size = min(size, len(pool))
-        return [random.Random(seed + i).sample(pool, size) for i in range(num_sets)]
+        if drawing == "seed_plus_index":
+            return [random.Random(seed + i).sample(pool, size) for i in range(num_sets)]
+        if drawing != "disjoint":
+            raise ValueError(f"unknown test set drawing {drawing!r}")
+        order = list(pool)
+        random.Random(POOL_ORDER_SEED).shuffle(order)
+        slots = range(seed * num_sets, (seed + 1) * num_sets)
+        return [[order[(slot * size + j) % len(order)] for j in range(size)] for slot in slots]
+
+
+def drawing_note(num_sets: int, size: int, seed: int, pool_size: int, drawing: str) -> str:
+    """Why the test sets of this seed may share examples with each other or with another
+    seed's sets ("" when they cannot: the disjoint drawing with every slot inside the pool)."""
+    if drawing == "seed_plus_index":
+        return (
+            "eval.test_set_drawing=seed_plus_index: set i is drawn with Random(seed+i), so the "
+            "sets of neighbouring seeds are the same sets; use the disjoint drawing for new work"
+        )
+    needed = (seed + 1) * num_sets * min(size, pool_size)
+    if seed >= 0 and needed <= pool_size:
+        return ""
+    return (
+        f"the test pool holds {pool_size} examples, but seed {seed}'s {num_sets} disjoint sets "
+        f"of {min(size, pool_size)} need slots up to example {needed}: they wrap around the "
+        "pool and share examples with other sets (with each other, or with lower seeds')"
+    )

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from grammarrl.data.hints import MINILM, HintIndex
-from grammarrl.data.sources import Row, SkipLog, data_root, fingerprint, task_dir
+from grammarrl.data.sources import Row, SkipLog, data_root, fingerprint, relative_uid, task_dir
 from grammarrl.data.splits import make_splits
 from grammarrl.errors import ConfigError, DataError
 from grammarrl.tasks.base import Task
@@ -81,6 +81,11 @@ class CorpusTask(Task):
             f"task {self.name}: no public hub dataset is known; put its files under "
             f"data.dir/{self.data_dir} and use data.source=local"
         )
+
+    def example_uid(self, row: Row) -> str:
+        """The id of the row's example: where it was read, relative to the data directory, so
+        that results made on different machines pair up."""
+        return relative_uid(row.where, self.root)
 
     @abstractmethod
     def normalise(self, row: Row) -> Example | None:

@@ -233,7 +233,9 @@ class ConllTask(CorpusTask):
         if bad:
             self.skips.skip("unwritable_span", row.where, f"span {bad[0]!r}")
             return None
-        return Example(uid=row.where, input=" ".join(tokens), target=conll_target(record))
+        return Example(
+            uid=self.example_uid(row), input=" ".join(tokens), target=conll_target(record)
+        )
 
     @cached_property
     def vocabulary(self) -> dict[str, list[str]]:

@@ -135,7 +135,7 @@ class CustomTask(CorpusTask):
                 f"{row.where}: no {field!r} (task.input_field) in this row "
                 f"(fields: {', '.join(map(str, row.fields)) or 'none'})"
             )
-        return Example(uid=row.where, input=text, target=self.gold(row))
+        return Example(uid=self.example_uid(row), input=text, target=self.gold(row))
 
     def gold(self, row: Row) -> str:
         """The row's gold output in the grammar's canonical form, "" if it has none."""

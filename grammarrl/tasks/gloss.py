@@ -215,7 +215,7 @@ class GlossTask(CorpusTask):
         if not text or not terms:
             self.skips.skip("empty_text", row.where)
             return None
-        return Example(uid=row.where, input=text, target=" ".join(terms))
+        return Example(uid=self.example_uid(row), input=text, target=" ".join(terms))
 
     @cached_property
     def vocabulary(self) -> list[str]:

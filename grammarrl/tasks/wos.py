@@ -112,7 +112,7 @@ class WosTask(CorpusTask):
         if (parent, child) not in self._paths:
             self.skips.skip("label_outside_hierarchy", row.where, f"{parent} / {child}")
             return None
-        return Example(uid=row.where, input=abstract, target=wos_target(parent, child))
+        return Example(uid=self.example_uid(row), input=abstract, target=wos_target(parent, child))
 
     def pools(self) -> dict[str, list[Example]]:
         """One labelled pool, split with a fixed seed (dev, then test_fraction of the rest)."""
