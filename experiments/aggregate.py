@@ -5,9 +5,11 @@
 
 REPORT is one of: sweep (any sweep, one row per evaluation), main, ablation_lambda,
 ablation_rollout, calibration, inference_time, evidence2 (the sweeps by role, in that order;
-experiments/evidence.py). Everything is computed from the runs' results
-files, predictions and logged metrics. Runs without results (failed or unfinished jobs) are
-listed in `runs.md` and on stderr. Output goes to `<first SWEEP_DIR>/aggregate/` by default.
+experiments/evidence.py), compare (systems across results files by distinct test set, with
+--reference LABEL and --label LABEL=TEXT; experiments/compare.py). Everything is computed from
+the runs' results files, predictions and logged metrics. Runs without results (failed or
+unfinished jobs) are listed in `runs.md` and on stderr. Output goes to
+`<first SWEEP_DIR>/aggregate/` by default.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from experiments import analysis, evidence, figures, paper_tables
+from experiments import analysis, compare, evidence, figures, paper_tables
 from experiments.runs import (
     BASELINE,
     GRAMMARRL,
@@ -260,6 +262,7 @@ REPORTS = {
     "inference_time": report_inference,
     "calibration": None,  # built from calibration entries, not evaluations
     "evidence2": None,  # built from its sweeps by role (report_evidence2), unfinished runs too
+    "compare": compare.report,
 }
 
 
@@ -269,13 +272,17 @@ def aggregate(
     out: Path | None = None,
     baselines: Sequence[str] = (),
     num_sets: int | None = None,
+    reference: Sequence[str] = (),
+    label: Sequence[str] = (),
 ) -> list[Path]:
     """Write the report's tables and figures plus `runs.md`; returns the files written."""
     if report not in REPORTS:
         raise AggregationError(f"unknown report {report!r}: one of {', '.join(REPORTS)}")
     sweep = load_sweep(list(dirs))
     out = Path(out) if out else sweep.roots[0] / "aggregate"
-    args = argparse.Namespace(baselines=list(baselines), num_sets=num_sets)
+    args = argparse.Namespace(
+        baselines=list(baselines), num_sets=num_sets, reference=list(reference), label=list(label)
+    )
     if report == "calibration":
         entries = {id(run): analysis.calibration_entry(run) for run in sweep.runs}
         finished = lambda run: entries[id(run)] is not None
@@ -325,9 +332,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="sweeps holding the frozen-model evaluations for reference lines",
     )
     parser.add_argument("--num-sets", type=int, help="use only the first k test sets of each run")
+    parser.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        help="compare: a system label to compare against (repeatable; default frozen greedy "
+        "and Sample-Rerank)",
+    )
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        help="compare: LABEL=TEXT renames a system; systems renamed alike are pooled as one",
+    )
     args = parser.parse_args(argv)
     try:
-        written = aggregate(args.report, args.dirs, args.out, args.baselines, args.num_sets)
+        written = aggregate(
+            args.report,
+            args.dirs,
+            args.out,
+            args.baselines,
+            args.num_sets,
+            args.reference,
+            args.label,
+        )
     except AggregationError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
