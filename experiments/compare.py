@@ -30,8 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.evidence_bootstrap import _micro_f1
-from experiments.evidence_outputs import COUNTS
+from experiments.intervals import COUNTS, RESAMPLES, SEED, micro_f1
 from experiments.runs import BASELINE, AggregationError, Evaluation, format_number
 from experiments.table_format import Block, Cell, Row, Table, to_latex, to_markdown
 from grammarrl.data.sources import relative_uid
@@ -41,8 +40,6 @@ from grammarrl.search.potentials import default_potential
 from grammarrl.tasks.conll import FIELDS, output_fields
 
 NAME = "comparison"
-RESAMPLES = 10_000
-SEED = 0
 TOLERANCE = 1e-9
 MICRO_F1 = "micro_f1"
 SEED_PLUS_INDEX = "seed_plus_index"  # the drawing of results files that do not name theirs
@@ -237,7 +234,7 @@ def _checked(
     when the two disagree."""
     if counts is None:
         return expected
-    score = float(_micro_f1(counts.sum(0)))
+    score = float(micro_f1(counts.sum(0)))
     if abs(score - expected) > TOLERANCE:
         raise AggregationError(
             f"{_source(ev)}: {selection} on {where}: micro-F1 {score:.12f} from the predictions' "
@@ -456,7 +453,7 @@ def _example_weights(rng: np.random.Generator, size: int, resamples: int) -> np.
 
 def _draw_f1(weights: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Micro-F1 of each draw (counts: draws × examples × [tp, fp, fn]) in each resample."""
-    return _micro_f1(np.tensordot(weights.astype(float), counts.astype(float), axes=([1], [1])))
+    return micro_f1(np.tensordot(weights.astype(float), counts.astype(float), axes=([1], [1])))
 
 
 def _resampled_draws(rng: np.random.Generator, f1: np.ndarray) -> np.ndarray:
@@ -487,7 +484,7 @@ def paired_bootstrap(
     both, examples = np.zeros(resamples), np.zeros(resamples)
     observed = 0.0
     for system, reference in pairs:
-        observed += float(_micro_f1(system.sum(1)).mean() - _micro_f1(reference.sum(1)).mean())
+        observed += float(micro_f1(system.sum(1)).mean() - micro_f1(reference.sum(1)).mean())
         weights = _example_weights(rng, system.shape[1], resamples)
         f1_system, f1_reference = _draw_f1(weights, system), _draw_f1(weights, reference)
         examples += f1_system.mean(1) - f1_reference.mean(1)

@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 
 from experiments.evidence_mechanism import System, by_role
-from experiments.evidence_outputs import COUNTS, counted_predictions
+from experiments.evidence_outputs import counted_predictions
+from experiments.intervals import COUNTS, RESAMPLES, SEED, micro_f1
 from experiments.runs import AggregationError
 from experiments.table_format import Block, Cell, Row, Table
 
-RESAMPLES = 10_000
-SEED = 0
 Counts = dict[int, dict[str, np.ndarray]]  # test set -> uid -> [tp, fp, fn]
 
 
@@ -35,14 +34,6 @@ def _counts(rows: Sequence[dict[str, Any]]) -> Counts:
             raise AggregationError(f"test set {row['set']}: example {row['uid']} listed twice")
         per_set[row["uid"]] = np.array([row["scores"][k] for k in COUNTS], dtype=np.int64)
     return sets
-
-
-def _micro_f1(totals: np.ndarray) -> np.ndarray:
-    """Micro-F1 of summed [tp, fp, fn] along the last axis (0 where nothing was predicted or
-    expected): 2tp / (2tp + fp + fn), the harmonic mean of precision and recall."""
-    tp, fp, fn = totals[..., 0], totals[..., 1], totals[..., 2]
-    denominator = 2 * tp + fp + fn
-    return np.divide(2 * tp, denominator, out=np.zeros(tp.shape), where=denominator > 0)
 
 
 def paired_bootstrap(
@@ -61,9 +52,9 @@ def paired_bootstrap(
         uids = sorted(system[s])
         a = np.stack([system[s][u] for u in uids])
         b = np.stack([reference[s][u] for u in uids])
-        observed += float(_micro_f1(a.sum(0)) - _micro_f1(b.sum(0)))
+        observed += float(micro_f1(a.sum(0)) - micro_f1(b.sum(0)))
         draws = rng.integers(0, len(uids), size=(resamples, len(uids)))
-        resampled += _micro_f1(a[draws].sum(1)) - _micro_f1(b[draws].sum(1))
+        resampled += micro_f1(a[draws].sum(1)) - micro_f1(b[draws].sum(1))
     observed, resampled = observed / len(system), resampled / len(system)
     low, high = np.percentile(resampled, [2.5, 97.5])
     return observed, float(low), float(high), float((resampled > 0).mean())

@@ -10,10 +10,9 @@ from typing import Any
 
 from experiments.analysis import read_predictions
 from experiments.evidence_mechanism import System, by_role
+from experiments.intervals import COUNTS
 from experiments.table_format import Block, Cell, Row, Table
 from grammarrl.results import mean_std
-
-COUNTS = ("tp", "fp", "fn")
 
 
 def _counted(rows: Sequence[dict[str, Any]]) -> bool:

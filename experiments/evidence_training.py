@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments import analysis, figures
+from experiments.intervals import counts_of, f1_interval
 from experiments.runs import Evaluation, format_number
 from experiments.table_format import Block, Cell, Row, Table
 from grammarrl.callbacks import BEST_DEV_RECORD
@@ -173,6 +174,47 @@ def choose(runs: Sequence[TrainingRun]) -> TrainingRun | None:
     return max(candidates, key=TrainingRun.selection_key, default=None)
 
 
+def dev_interval(run: TrainingRun) -> tuple[float, float, int] | None:
+    """(2.5th, 97.5th percentile, inputs) of the dev metric at the run's last validation, over
+    its dev inputs resampled (`validation.jsonl`); None for a run that kept no per-example
+    record (written before 2026-11-27) or a metric that is not micro-F1."""
+    path = run.run.path / "validation.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    dev = [r for r in rows if r["slice"] == "dev"]
+    if not dev:
+        return None
+    last = max(r["step"] for r in dev)
+    counts = counts_of([r["scores"] for r in dev if r["step"] == last])
+    return None if counts is None else (*f1_interval(counts), len(counts))
+
+
+def _interval_cell(interval: tuple[float, float, int] | None) -> Cell:
+    if interval is None:
+        return Cell(text="no per-example record")
+    low, high, size = interval
+    return Cell(text=f"[{low:.3f}, {high:.3f}] (n={size})")
+
+
+def _noise_note(runs: Sequence[TrainingRun], chosen: TrainingRun) -> str:
+    """Whether the choice stands outside the dev noise: the runner-up's last dev score inside
+    the chosen run's interval means the choice could have gone either way."""
+    interval = dev_interval(chosen)
+    others = [r for r in runs if r is not chosen and r.finished and r.dev(r.metric)]
+    if interval is None or not others:
+        return ""
+    runner_up = max(others, key=TrainingRun.selection_key)
+    value = runner_up.dev(runner_up.metric)[-1][1]
+    inside = interval[0] <= value <= interval[1]
+    return (
+        f" The runner-up ({runner_up.label}, {value:.3f}) is "
+        + ("inside" if inside else "outside")
+        + f" the chosen run's dev interval [{interval[0]:.3f}, {interval[1]:.3f}]: the choice "
+        + ("is within the noise of the dev slice." if inside else "stands outside it.")
+    )
+
+
 def _last(points: Points) -> Cell:
     return Cell(mean=points[-1][1]) if points else Cell()
 
@@ -196,6 +238,7 @@ def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None)
         cells = [
             _before_training(dev),
             _last(dev),
+            _interval_cell(dev_interval(run)),
             Cell(text=str(dev[-1][0])) if dev else Cell(),
             Cell(text=f"{best[1]:.3f} (step {best[0]})") if best else Cell(),
             _before_training(reward),
@@ -209,7 +252,8 @@ def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None)
     table = Table(
         "dev_selection",
         f"Evidence II, choice of the training setting on the dev slice only: dev {metric} of "
-        "greedy decoding before training (step 0), at the last validation and at its best; dev "
+        "greedy decoding before training (step 0), at the last validation (with its 95% "
+        "bootstrap interval over the dev inputs, where the run kept them) and at its best; dev "
         "reward of the greedy outputs (combined under the run's own λ and σ's) at step 0 and "
         f"last; train KL averaged over the last {KL_WINDOW} logged steps; dev empty-field rate "
         "at the last validation.",
@@ -217,6 +261,7 @@ def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None)
             "run (λ, N)",
             f"dev {metric} @0",
             f"dev {metric} last",
+            "95% bootstrap over dev inputs",
             "last val. step",
             f"best dev {metric}",
             "dev reward @0",
@@ -235,6 +280,7 @@ def dev_selection_table(runs: Sequence[TrainingRun], chosen: TrainingRun | None)
         "numbers are not used. "
         + (
             f"Chosen run: {chosen.label} (run directory {chosen.run.path.name})."
+            + _noise_note(runs, chosen)
             if chosen
             else "No training run has finished yet: none chosen."
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 
@@ -13,6 +14,8 @@ from torch.utils.data import DataLoader, Sampler
 from grammarrl.errors import DataError
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
+
+log = logging.getLogger(__name__)
 
 
 def _as_list(batch: list[Example]) -> list[Example]:
@@ -80,7 +83,16 @@ class GrammarRLDataModule(L.LightningDataModule):
         if not self.train:
             raise DataError(f"task {self.task.name}: the training split is empty")
         size = self.cfg.train.val_size
-        self.val = (self.train[:size], splits.dev[:size])
+        dev = (splits.dev + splits.dev_reserve)[:size]
+        if len(dev) < size:
+            log.warning(
+                "task %s: train.val_size=%d, but the dev split holds %d inputs: the dev "
+                "validation slice is all of them (a choice made on it is noisier)",
+                self.task.name,
+                size,
+                len(dev),
+            )
+        self.val = (self.train[:size], dev)
 
     def transfer_batch_to_device(self, batch: list[Example], device, dataloader_idx: int):
         return batch  # text examples: tokenised and moved by the decoder and scorer

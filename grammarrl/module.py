@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +131,9 @@ class GrammarRLModule(L.LightningModule):
         self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)
         self.strict_loading = False  # checkpoints hold only the adapter (trainable) weights
         self.samples: list[dict[str, Any]] = []
+        # every validation's per-example record (step, slice, uid, prediction, the task's item):
+        # what an interval on a dev score is computed from (validation.jsonl)
+        self.validation_rows: list[dict[str, Any]] = []
         self.last_checkpoint_step: int | None = None  # global step of the last checkpoint saved
         self.step_seconds: dict[str, float] = {}  # this step's rollout, scoring, policy times
         self.signal = SignalWatch()
@@ -305,6 +309,7 @@ class GrammarRLModule(L.LightningModule):
         for idx, rows in self._val_preds.items():
             gens, examples, rewards = zip(*rows)
             scores = self.task.score([g.text for g in gens], list(examples))
+            self._record_validation(names[idx], gens, examples, scores.per_example)
             prefix = f"val/{names[idx]}_"
             # Lightning logs a validation at the step index of the last trained batch, so the
             # one before training and the one after the first step share step 0: this says which.
@@ -335,6 +340,26 @@ class GrammarRLModule(L.LightningModule):
                     sync_dist=True,
                 )
 
+    def _record_validation(
+        self,
+        name: str,
+        gens: Sequence[Generation],
+        examples: Sequence[Example],
+        items: Sequence[dict[str, Any]],
+    ) -> None:
+        """Keep one validation slice's per-example outputs and scores (every rank validates
+        every input: `trainer.use_distributed_sampler` is off)."""
+        self.validation_rows += [
+            {
+                "step": self.global_step,
+                "slice": name,
+                "uid": ex.uid,
+                "prediction": gen.text,
+                "scores": item,
+            }
+            for gen, ex, item in zip(gens, examples, items)
+        ]
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {
@@ -346,6 +371,7 @@ class GrammarRLModule(L.LightningModule):
         checkpoint["grammarrl"] = {
             "ranks": gather_objects({"generator": self.generator.get_state(), "rng": rng_states()}),
             "samples": list(self.samples),
+            "validation_rows": list(self.validation_rows),
         }
         self.last_checkpoint_step = int(checkpoint.get("global_step", self.global_step))
 
@@ -387,4 +413,5 @@ class GrammarRLModule(L.LightningModule):
         self.generator.set_state(own["generator"])
         set_rng_states(own["rng"])
         self.samples = list(state.get("samples", []))
+        self.validation_rows = list(state.get("validation_rows", []))
         self.last_checkpoint_step = int(checkpoint.get("global_step", 0))

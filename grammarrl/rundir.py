@@ -91,6 +91,7 @@ OUTPUTS = (
     "adapter",
     "metrics",
     "samples.jsonl",
+    "validation.jsonl",
     "calibration.json",
     "timing.json",
 )

@@ -310,6 +310,7 @@ def run_train(cfg: DictConfig) -> dict[str, Any]:
     adapter = out / "adapter"
     policy.save_pretrained(adapter)
     _save_samples(trainer, module.samples, out)
+    write_jsonl(out / "validation.jsonl", module.validation_rows)
     best = best_dev.best if cfg.train.eval_best_dev else None
     results = evaluate_trained(
         cfg, policy, tokenizer, task, out, adapter, best, trainer.global_step

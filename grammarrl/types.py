@@ -30,6 +30,9 @@ class Splits:
     fewshot: list[Example]
     test_pool: list[Example]
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> rows skipped
+    # the rest of the dev pool in a seeded order: validation slices larger than `dev` take
+    # from it (calibration uses `dev` only)
+    dev_reserve: list[Example] = field(default_factory=list)
 
 
 @dataclass

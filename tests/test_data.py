@@ -203,6 +203,42 @@ def test_example_ids_are_relative_to_the_data_directory(tmp_path):
     assert relative_uid("eriktks/conll2003:test:3", copy) == "eriktks/conll2003:test:3"
 
 
+def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split():
+    """The dev split (calibration) keeps task.dev_size inputs; the dev validation slice is it
+    followed by the rest of the dev pool, up to train.val_size (default 200)."""
+    from grammarrl.data.sources import SkipLog
+    from grammarrl.data.splits import make_splits
+    from grammarrl.datamodule import GrammarRLDataModule
+
+    def pool(kind: str, n: int) -> list[Example]:
+        return [Example(f"{kind}:{i}", f"{kind} text {i}", "t") for i in range(n)]
+
+    splits = make_splits(
+        {"train": pool("train", 50), "dev": pool("dev", 300), "test": pool("test", 10)},
+        train_size=40,
+        dev_size=24,
+        num_fewshot=0,
+        pick_fewshot=lambda p, k: [],
+        seed=0,
+        skips=SkipLog("toy"),
+        task="toy",
+    )
+    assert len(splits.dev) == 24 and len(splits.dev_reserve) == 276
+    assert not set(splits.dev) & set(splits.dev_reserve)
+    cfg = compose_config([])
+    assert cfg.train.val_size == 200
+
+    class Toy:
+        name = "toy"
+
+        def splits(self):
+            return splits
+
+    module = GrammarRLDataModule(cfg, Toy())
+    module.setup()
+    assert module.val[1][:24] == splits.dev and len(module.val[1]) == 200
+
+
 def test_partition_sizes_and_determinism():
     pool = [Example(str(i), f"text {i}", "t") for i in range(1000)]
     parts = partition(pool, dev_size=100, test_fraction=0.5, seed=3)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.evidence_bootstrap import _counts, _micro_f1, paired_bootstrap
+from experiments.evidence_bootstrap import _counts, paired_bootstrap
+from experiments.intervals import micro_f1
 from experiments.runs import AggregationError
 
 
@@ -44,7 +45,7 @@ def test_the_observed_difference_is_the_mean_of_the_per_set_f1_differences(pair)
 
 def test_micro_f1_is_the_harmonic_mean_of_precision_and_recall():
     totals = np.array([[3, 1, 2], [0, 0, 0], [0, 4, 1]])
-    assert _micro_f1(totals).tolist() == pytest.approx([2 * 0.75 * 0.6 / 1.35, 0.0, 0.0])
+    assert micro_f1(totals).tolist() == pytest.approx([2 * 0.75 * 0.6 / 1.35, 0.0, 0.0])
 
 
 def test_identical_systems_differ_by_nothing_and_a_better_one_is_always_ahead(pair):

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -240,6 +241,7 @@ def test_dev_selection_chooses_on_dev_numbers_only(study: Path, capsys):
     assert chosen == [
         "0.200",
         "0.400",
+        "no per-example record",  # a run from before validation.jsonl
         "20",
         "0.400 (step 20)",
         "-9.800",
@@ -248,13 +250,36 @@ def test_dev_selection_chooses_on_dev_numbers_only(study: Path, capsys):
         "60.000",
         "done",
     ]
-    assert rows["λ=0.5, N=10"][1:4] == ["0.900", "10", "0.900 (step 10)"]  # unfinished: not chosen
+    assert rows["λ=0.5, N=10"][1:5] == ["0.900", "no per-example record", "10", "0.900 (step 10)"]
     assert rows["λ=0.5, N=10"][-1] == "unfinished"
     assert rows["λ=0.75, N=10"][0] == "–" and rows["λ=0.75, N=10"][-1] == "failed"
     assert "\\rowcolor" in (study / "agg" / "dev_selection.tex").read_text()
     listing = (study / "agg" / "runs.md").read_text()
     assert "**failed**: RuntimeError: boom" in listing and "**missing**" in listing
     assert (study / "agg" / "training_curves_evidence2.png").stat().st_size > 1000
+
+
+def test_dev_selection_states_the_dev_interval_and_whether_the_choice_is_inside_it(
+    study: Path,
+):
+    """With validation.jsonl, the chosen run's last dev score carries a bootstrap interval over
+    its dev inputs, and the note says whether the runner-up lies inside it."""
+    from experiments.intervals import f1_interval
+
+    (chosen,) = (study / "train").glob("*lambda=1.0,rollout.num_samples=3")
+    items = [{"tp": 1, "fp": 0, "fn": 0}] * 4 + [{"tp": 0, "fp": 1, "fn": 1}] * 6  # F1 0.4
+    rows = [{"step": 0, "slice": "dev", "uid": "old", "scores": {"tp": 0, "fp": 9, "fn": 9}}]
+    rows += [{"step": 20, "slice": "dev", "uid": str(i), "scores": s} for i, s in enumerate(items)]
+    rows += [{"step": 20, "slice": "train", "uid": "t", "scores": {"tp": 0, "fp": 0, "fn": 5}}]
+    (chosen / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    agg.aggregate("evidence2", [study / "train", study / "baselines"], out=study / "agg")
+    low, high = f1_interval(np.array([[i["tp"], i["fp"], i["fn"]] for i in items]))
+    assert low < 0.4 < high
+    table = tables_of(study / "agg")["dev_selection"]
+    assert table["λ=1, N=3 (chosen)"][2] == f"[{low:.3f}, {high:.3f}] (n=10)"
+    note = (study / "agg" / "dev_selection.md").read_text()
+    assert f"inside the chosen run's dev interval [{low:.3f}, {high:.3f}]" in note
+    assert "within the noise of the dev slice" in note
 
 
 def test_choice_tie_breaks(tmp_path: Path, base_config: dict[str, Any]):

@@ -116,6 +116,21 @@ def test_validation_curves_start_at_step_0_with_greedy_rewards(trained):
         assert 0.0 <= float(row["val/dev_validity"]) <= 1.0
 
 
+def test_validation_keeps_every_example_of_each_slice_for_intervals(trained):
+    """validation.jsonl: one row per (validation, slice, input) with the task's per-example
+    item, so that a dev score can carry a bootstrap interval; the slices are train.val_size."""
+    _, out, _ = trained
+    rows = [json.loads(line) for line in (out / "validation.jsonl").read_text().splitlines()]
+    assert sorted({(r["step"], r["slice"]) for r in rows}) == [
+        (0, "dev"),
+        (0, "train"),
+        (2, "dev"),
+        (2, "train"),
+    ]
+    assert all(sum(1 for r in rows if (r["step"], r["slice"]) == (2, s)) == 2 for s in ("dev",))
+    assert all({"tp", "fp", "fn"} <= set(r["scores"]) for r in rows)
+
+
 def test_checkpoint_adapter_matches_the_saved_adapter(trained, tmp_path):
     """experiments.checkpoint_adapter: the last checkpoint's LoRA weights, saved as an adapter,
     equal the adapter training saved from the same final state."""
@@ -142,9 +157,9 @@ def test_results_written_for_trained_and_baseline(trained):
 
 
 def test_results_name_the_adapter_that_produced_them(trained):
-    _, out, _ = trained
+    work, out, _ = trained
     adapter = json.loads((out / "results.json").read_text())["adapter"]
-    assert adapter == str((out / "adapter").absolute())
+    assert adapter == str((out / "adapter").relative_to(work))  # the run's working directory
     assert json.loads((out / "results_baseline.json").read_text())["adapter"] is None
 
 
@@ -152,7 +167,7 @@ def test_the_dev_best_step_keeps_its_adapter_and_is_evaluated(trained):
     """Dev is validated at steps 0 and 2 of 3: step 0 (the frozen model) never counts, so step 2
     is the dev-best trained step; its adapter is kept, recorded in checkpoints, and evaluated
     next to the last step's."""
-    _, out, results = trained
+    work, out, results = trained
     best = json.loads((out / "best_dev.json").read_text())
     assert best["step"] == 2 and best["metric"] == "val/dev_micro_f1"
     import csv
@@ -168,7 +183,7 @@ def test_the_dev_best_step_keeps_its_adapter_and_is_evaluated(trained):
     assert any(kept[k].abs().max() > 0 for k in lora_b)  # trained (LoRA B starts at zero)
     assert not all(torch.equal(kept[k], last[k]) for k in lora_b)  # not the last step's
     record = json.loads((out / "results_best_dev.json").read_text())
-    assert record["adapter"] == str((out / "adapter-best-dev").absolute())
+    assert record["adapter"] == str((out / "adapter-best-dev").relative_to(work))
     assert len(record["scores"]) == 2 and results["best_dev"]["path"]
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
     (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("BestDevAdapter")]

@@ -4,7 +4,8 @@ From pools `train`, `dev`, `test` of normalised examples:
 - the test pool is the `test` pool as is (test sets are drawn from it later, one seed each);
 - few-shot demonstrations are chosen deterministically (by the task) from the train pool;
 - `train` is a seeded sample of the rest of the train pool (task.train_size);
-- `dev` (calibration inputs) is a seeded sample of the dev pool (task.dev_size).
+- `dev` (calibration inputs) is a seeded sample of the dev pool (task.dev_size); the rest of the
+  dev pool, in a seeded order, is kept as `dev_reserve` for validation slices larger than `dev`.
 Train, dev and few-shot are de-duplicated by input and disjoint from each other and from the test
 pool's inputs. A pool smaller than the configured size is used whole, and that is logged.
 """
@@ -88,6 +89,9 @@ def make_splits(
     used = test_inputs | fewshot_inputs | {example.input for example in train}
     dev_pool, n_dev_out = unique_inputs(pools["dev"], used)
     dev = seeded_sample(dev_pool, dev_size, seed + 1, f"{task} dev")
+    chosen = set(dev)
+    dev_reserve = [example for example in dev_pool if example not in chosen]
+    random.Random(seed + 2).shuffle(dev_reserve)
     skips.drop("duplicate_or_test_input", n_train_out + n_dev_out)
     log.info(
         "%s splits: train %d, dev %d, few-shot %d, test pool %d",
@@ -98,5 +102,10 @@ def make_splits(
         len(test_pool),
     )
     return Splits(
-        train=train, dev=dev, fewshot=fewshot, test_pool=test_pool, skipped=skips.as_dict()
+        train=train,
+        dev=dev,
+        fewshot=fewshot,
+        test_pool=test_pool,
+        skipped=skips.as_dict(),
+        dev_reserve=dev_reserve,
     )
