@@ -110,8 +110,8 @@ class Evaluation:
 
     def summary(self, num_sets: int | None = None) -> tuple[float, float]:
         """(mean, std) over the test sets, as in results.json; over the first `num_sets` sets
-        only when asked (set i is drawn with seed + i, so the first k sets are the same sets
-        whatever the number of sets of the run)."""
+        only when asked (with seed 0 the first k sets are the same sets whatever the number of
+        sets of the run, under both drawings; `experiments.compare` pairs sets by their ids)."""
         scores = self.scores
         if num_sets is None or num_sets >= len(scores):
             return float(self.results["mean"]), float(self.results["std"])
