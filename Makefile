@@ -60,7 +60,7 @@ SWEEP  := nice -n 10 $(PY) -m grammarrl.run -m
 AGG    := $(PY) -m experiments.aggregate
 CPUDIR := multirun/cpu
 
-.PHONY: evidence-cpu evidence-report evidence2-cpu sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
+.PHONY: evidence-cpu evidence-report evidence2-cpu evidence2-fresh-cpu sweep-tiny sweep-main-cpu sweep-ablation-lambda-cpu sweep-ablation-rollout-cpu \
 	sweep-calibration-cpu sweep-inference-time-cpu paper-cpu
 
 # The whole chain in about a minute: a 2x2 sweep (λ x rollout beam) of the random tiny model.
@@ -108,6 +108,23 @@ evidence2-cpu: venv
 	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence2_train_cpu hydra/launcher=local hydra.launcher.n_jobs=2 & \
 	OMP_NUM_THREADS=1 $(SWEEP) +experiment=evidence2_baselines_cpu & \
 	wait
+
+# Evidence II restated (issue 39; experiments/results/smollm2-cpu-2.md, "Verdict"): the study's
+# systems on a fresh disjoint draw (seed 2), Sample-Rerank(10)/Full IS(10) once per sampler seed,
+# two chains of one thread each, into multirun/evidence2-fresh/ (about 2.5 hours on 2 cores). Re-run
+# to resume: finished jobs are skipped. Then the comparison by distinct test set.
+FRESH    := multirun/evidence2-fresh
+FRESHRUN := OMP_NUM_THREADS=1 $(PY) -m grammarrl.run +experiment=evidence2_fresh_cpu logger=none
+ADAPTER360 := experiments/results/smollm2-cpu-2/adapter-lambda0.75-kl-reward-360steps
+evidence2-fresh-cpu: venv
+	mkdir -p $(FRESH)
+	( for s in 0 1; do $(FRESHRUN) +experiment/variant=rerank "eval.sampler_seeds=[$$s]" hydra.run.dir=$(FRESH)/rerank_s$$s; done ) & \
+	( $(FRESHRUN) +experiment/variant=baseline_greedy hydra.run.dir=$(FRESH)/frozen_greedy && \
+	  $(FRESHRUN) mode=eval eval.adapter=$(ADAPTER360) hydra.run.dir=$(FRESH)/grammarrl_360steps_seed0 && \
+	  $(FRESHRUN) +experiment/variant=baseline_beam hydra.run.dir=$(FRESH)/frozen_beam3 && \
+	  $(FRESHRUN) +experiment/variant=rerank "eval.sampler_seeds=[2]" hydra.run.dir=$(FRESH)/rerank_s2 ) & \
+	wait
+	$(AGG) compare $(FRESH) --out experiments/results/smollm2-cpu-2/fresh-draw
 
 # Every CPU-scale table, in dependency order (hours on 2 cores).
 paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \
