@@ -67,7 +67,14 @@ if TYPE_CHECKING:
 
 REFERENCE_N = 3  # ... and its N
 # What fixes the seeded test sets: rows that differ in any of these were scored on other sets.
-TEST_SET_KEYS = ("task.name", "data.split_seed", "eval.num_test_sets", "eval.test_size", "seed")
+TEST_SET_KEYS = (
+    "task.name",
+    "data.split_seed",
+    "eval.num_test_sets",
+    "eval.test_size",
+    "eval.test_set_drawing",  # set i of one drawing is not set i of another
+    "seed",
+)
 SEARCH_LABELS = {"rerank": "Sample-Rerank", "is": "Full IS", "smc": "Full SMC"}
 USAGE = "evidence2 takes TRAIN_SWEEP BASELINES_SWEEP [PROPOSAL_SWEEP]"
 

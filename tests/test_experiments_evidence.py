@@ -500,6 +500,20 @@ def test_rows_on_other_test_sets_are_refused_naming_the_runs(
     assert not (study / "train" / "aggregate").exists()
 
 
+def test_rows_of_another_test_set_drawing_are_never_paired_by_index(
+    tmp_path: Path, base_config: dict[str, Any]
+):
+    """Same seed and sizes, but the frozen greedy row drawn under the old seed_plus_index drawing
+    and the other rows under the disjoint one: set i is not the same set."""
+    study = tmp_path / "study"
+    train_sweep(study, base_config)
+    baselines_sweep(study, base_config, eval__test_set_drawing="seed_plus_index")
+    with pytest.raises(AggregationError, match="different test sets") as err:
+        agg.aggregate("evidence2", [study / "train", study / "baselines"])
+    assert "eval.test_set_drawing=disjoint" in str(err.value)
+    assert "eval.test_set_drawing=seed_plus_index" in str(err.value)
+
+
 def test_rows_computed_in_another_dtype_are_refused(tmp_path: Path, base_config: dict[str, Any]):
     """A beam row from a machine where model.dtype=auto meant bfloat16, beside float32 rows."""
     study = tmp_path / "study"
