@@ -52,6 +52,10 @@ def test_paper_sigma_table_is_in_config():
         ("eval.decoding=nucleus", "eval.decoding"),
         ("beta=-1", "beta"),
         ("task.name=pos", "task"),
+        ("eval.test_set_drawing=random", "eval.test_set_drawing"),
+        ("eval.sampler_seeds=[]", "eval.sampler_seeds"),
+        ("eval.sampler_seeds=[1,1]", "eval.sampler_seeds"),
+        ("eval.sampler_seeds=3", "eval.sampler_seeds"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
