@@ -209,6 +209,15 @@ def test_conll_outputs_with_a_field_that_is_not_a_string_are_invalid(sample_task
     assert sample_tasks["conll"].try_parse(text) is None
 
 
+@pytest.mark.parametrize("value", [["Psychology"], {"label": "Psychology"}, 3, None])
+def test_wos_outputs_with_a_label_that_is_not_a_string_are_invalid(sample_tasks, value):
+    wos = sample_tasks["wos"]
+    assert wos.try_parse(json.dumps({"parent": value, "child": "False memories"})) is None
+    assert wos.try_parse(json.dumps({"parent": "Psychology", "child": value})) is None
+    gold = wos.splits().test_pool[0]
+    assert wos.score([json.dumps({"parent": value, "child": "x"})], [gold]).validity == 0.0
+
+
 def test_grammar_keeps_separators_inside_terminals(sample_tasks):
     assert 'SPACED_TERM: " " TERM' in sample_tasks["gloss"].grammar()
     assert 'PERSON: " \\"\\""' in sample_tasks["conll"].grammar()

@@ -171,7 +171,7 @@ class WosTask(CorpusTask):
         if not isinstance(value, dict) or list(value) != ["parent", "child"]:
             raise ValueError('expected {"parent": ..., "child": ...}')
         path = (value["parent"], value["child"])
-        if path not in self._paths:
+        if not all(isinstance(label, str) for label in path) or path not in self._paths:
             raise ValueError(f"not a path of the hierarchy: {path}")
         return path
 
