@@ -4,7 +4,7 @@
 
     policy = load("outputs/2026-11-24/12-00-00_conll_smollm2_train")  # a training run
     policy = load("tickets-model")                 # or a folder written by mode=export
-    out = policy.generate(["EU rejects German call to boycott British lamb ."])
+    out = policy.generate(["EU rejects German call to boycott British lamb ."])  # or one str
     out[0].text, out[0].value                      # the output and its parsed value
     policy.evaluate([{"input": "...", "output": "..."}])   # the task metric on labelled rows
 
@@ -57,16 +57,18 @@ class Policy:
 
     def generate(
         self,
-        inputs: Sequence[str],
+        inputs: str | Sequence[str],
         decoding: str = "greedy",
         beam_width: int | None = None,
         progress: bool = False,
     ) -> list[Output]:
-        """Constrained outputs for raw inputs, greedy (the trained policy's setting) or beam."""
+        """Constrained outputs for raw inputs (one string is one input), greedy (the trained
+        policy's setting) or beam; one output per input."""
         from grammarrl.tasks import Example
 
+        texts = [inputs] if isinstance(inputs, str) else inputs
         examples = [
-            Example(uid=f"input:{i}", input=text, target="") for i, text in enumerate(inputs)
+            Example(uid=f"input:{i}", input=text, target="") for i, text in enumerate(texts)
         ]
         return self._decode(examples, decoding, beam_width, progress)
 

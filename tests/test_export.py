@@ -117,6 +117,8 @@ def test_api_loads_a_run_and_its_export_and_generates_what_the_decoder_does(tmp_
     assert [o.text for o in api.load(run / "adapter").generate([examples[0].input])] == [
         outputs[0].text
     ]
+    # one string is one input, not a sequence of one-character inputs
+    assert [o.text for o in from_run.generate(examples[0].input)] == [outputs[0].text]
 
     export = compose_config(
         [
