@@ -10,6 +10,8 @@ ranges and contradictions are checked here, with messages that name the key.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -19,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from grammarrl.errors import ConfigError
-from grammarrl.schema import MOVED, SCALARS, SCHEMAS
+from grammarrl.schema import MOVED, SCALARS, SCHEMAS, TRAINER_SET
 
 MODES = ("train", "eval", "calibrate", "search", "prepare", "export")
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
@@ -64,12 +66,21 @@ def compose_job_config(overrides: list[str]) -> DictConfig:
     return cfg
 
 
+@functools.cache
+def trainer_arguments() -> frozenset[str]:
+    """The arguments of `lightning.pytorch.Trainer` (its signature) that `trainer.<name>` may
+    set: all but those GrammarRL sets itself (`TRAINER_SET`, and `callbacks`, a key of its own)."""
+    from lightning.pytorch import Trainer
+
+    return frozenset(inspect.signature(Trainer).parameters) - {*TRAINER_SET, "callbacks"}
+
+
 def known_keys() -> list[str]:
-    """Every key a config may hold: the top-level scalars and `group.field` of each schema."""
-    return [
-        *SCALARS,
-        *(f"{group}.{f.name}" for group, schema in SCHEMAS.items() for f in fields(schema)),
-    ]
+    """Every key a config may hold: the top-level scalars, `group.field` of each schema and
+    `trainer.<argument>` of each Trainer argument a config may set."""
+    schema_keys = [f"{group}.{f.name}" for group, schema in SCHEMAS.items() for f in fields(schema)]
+    trainer_keys = [f"trainer.{name}" for name in sorted(trainer_arguments())]
+    return list(dict.fromkeys([*SCALARS, *schema_keys, *trainer_keys]))
 
 
 def _similarity(key: str, known: str) -> float:
@@ -84,6 +95,11 @@ def unknown_key_error(key: str) -> ConfigError:
     key that moved lives now."""
     if key in MOVED:
         return ConfigError(f"{key}: this key is now {MOVED[key]}")
+    group, _, name = key.partition(".")
+    if group == "trainer" and name in TRAINER_SET:
+        return ConfigError(
+            f"{key}: GrammarRL sets this Trainer argument itself; use {TRAINER_SET[name]}"
+        )
     scores = {known: _similarity(key, known) for known in known_keys()}
     best = max(scores.values())
     closest = " or ".join([k for k, score in scores.items() if score == best][:3])
@@ -103,14 +119,17 @@ def check_known_keys(cfg: DictConfig) -> None:
     for group, schema in SCHEMAS.items():
         names = {f.name for f in fields(schema)}
         for key in cfg[group]:
-            if key not in names:
+            if key not in names and (group != "trainer" or key not in trainer_arguments()):
                 raise unknown_key_error(f"{group}.{key}")
 
 
 def _typed(group: str, node: DictConfig) -> DictConfig:
-    """Merge a group into its schema: wrong types or unknown keys raise ConfigError."""
+    """Merge a group into its schema: wrong types raise ConfigError. Keys beyond the schema
+    (`check_known_keys` allowed them: Trainer arguments) are left to Lightning."""
+    names = {f.name for f in fields(SCHEMAS[group])}
     try:
         values = OmegaConf.to_container(node, resolve=True)
+        values = {key: value for key, value in values.items() if key in names}
         return OmegaConf.merge(OmegaConf.structured(SCHEMAS[group]), values)
     except OmegaConfBaseException as err:
         key = str(getattr(err, "full_key", None) or getattr(err, "key", None) or "?")
@@ -239,6 +258,14 @@ def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
     _check(optim.batch_size >= 1, "optim.batch_size", optim.batch_size, "an integer >= 1")
     trainer = typed["trainer"]
     _check(trainer.max_steps >= 1, "trainer.max_steps", trainer.max_steps, "an integer >= 1")
+    _check_val_interval(trainer.val_check_interval, trainer.check_val_every_n_epoch)
+    limit = typed["data"].limit_train
+    _check(
+        limit is None or (_is_int(limit) and limit >= 1),
+        "data.limit_train",
+        limit,
+        "null (no limit) or an integer >= 1",
+    )
     _check(
         isinstance(cfg.callbacks, Mapping),
         "callbacks",
@@ -263,6 +290,21 @@ def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
             value,
             "null or a number > 0",
         )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_val_interval(interval: Any, every_n_epochs: Any) -> None:
+    """`trainer.val_check_interval`: validate every k >= 1 steps (validation is scheduled by
+    steps while `trainer.check_val_every_n_epoch` is null), else Lightning's int or fraction."""
+    if every_n_epochs is None:
+        expected, ok = "an integer >= 1 (validate every k training steps)", _is_int(interval)
+    else:
+        expected = "an integer >= 1 or a fraction of an epoch in (0, 1]"
+        ok = _is_int(interval) or (isinstance(interval, float) and interval <= 1)
+    _check(ok and interval > 0, "trainer.val_check_interval", interval, expected)
 
 
 def _check_evaluation(mode: str, ev: Any, search: Any) -> None:

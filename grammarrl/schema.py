@@ -144,7 +144,8 @@ class RewardSchema:
 
 @dataclass
 class TrainerSchema:
-    """The `lightning.pytorch.Trainer` arguments a config may set (built by instantiate)."""
+    """The `lightning.pytorch.Trainer` arguments conf/trainer/default.yaml sets (built by
+    instantiate); a config may add any other argument but those of `TRAINER_SET`."""
 
     _target_: str
     accelerator: str
@@ -200,6 +201,14 @@ SCALARS = (
 )
 
 
+# Arguments of lightning.pytorch.Trainer that GrammarRL sets itself (grammarrl/train.py
+# `build_trainer`), and the key to use instead; `trainer.<name>` may set any other argument.
+TRAINER_SET = {
+    "logger": "logger=wandb or logger=none (metrics.csv is always written)",
+    "default_root_dir": "hydra.run.dir (the run directory)",
+    "plugins": "trainer.precision for mixed precision (the checkpoint I/O plugin is GrammarRL's)",
+    "enable_checkpointing": "train.checkpoint_every_n_steps (resuming needs the checkpoints)",
+}
 # Keys that moved (old name -> name now): an override of the old name says where it went, and
 # configs recorded before are read under the names of now (`rundir.current_names`).
 MOVED = {

@@ -236,7 +236,8 @@ def trainer_placement(cfg: DictConfig) -> tuple[str, Any]:
 
 def build_trainer(cfg: DictConfig, out: Path, best_dev: BestDevAdapter) -> L.Trainer:
     """The Lightning Trainer of `cfg.trainer` (Hydra `_target_`), placed where the model is,
-    with the run's loggers, checkpoints (atomic writes), callbacks and those of `callbacks`."""
+    with the run's loggers, checkpoints (atomic writes), callbacks (the step progress bar unless
+    `trainer.enable_progress_bar=false`) and those of `callbacks`."""
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -248,6 +249,7 @@ def build_trainer(cfg: DictConfig, out: Path, best_dev: BestDevAdapter) -> L.Tra
     )
     accelerator, devices = trainer_placement(cfg)
     extra = [instantiate(spec) for spec in cfg.callbacks.values()]
+    bar = [StepProgressBar()] if cfg.trainer.get("enable_progress_bar") is not False else []
     trainer = instantiate(cfg.trainer, _partial_=True)  # the run's objects added as they are
     return trainer(
         accelerator=accelerator,
@@ -259,7 +261,7 @@ def build_trainer(cfg: DictConfig, out: Path, best_dev: BestDevAdapter) -> L.Tra
             RecordSettings(cfg),
             LoggedStepIsGlobalStep(),
             PhaseTimer(),
-            StepProgressBar(),
+            *bar,
             *extra,
         ],
         default_root_dir=str(out),

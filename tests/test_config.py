@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,12 +57,72 @@ def test_paper_sigma_table_is_in_config():
         ("eval.sampler_seeds=[]", "eval.sampler_seeds"),
         ("eval.sampler_seeds=[1,1]", "eval.sampler_seeds"),
         ("eval.sampler_seeds=3", "eval.sampler_seeds"),
+        ("trainer.val_check_interval=0", "trainer.val_check_interval"),
+        ("trainer.val_check_interval=0.5", "trainer.val_check_interval"),  # steps, not epochs
+        ("trainer.val_check_interval=null", "trainer.val_check_interval"),
+        ("data.limit_train=0", "data.limit_train"),  # was "no limit"
+        ("data.limit_train=-2", "data.limit_train"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
     cfg = compose_config([override])
     with pytest.raises(ConfigError, match=rf"^{key}"):
         validate(cfg)
+
+
+def test_validation_every_k_steps_and_a_training_limit_are_accepted():
+    validate(compose_config(["trainer.val_check_interval=1", "data.limit_train=1"]))
+    epochs = ["trainer.check_val_every_n_epoch=1", "trainer.val_check_interval=0.5"]
+    validate(compose_config(epochs))  # Lightning's fraction of an epoch, where epochs count
+
+
+def test_every_trainer_argument_lightning_takes_is_accepted():
+    """conf/trainer/default.yaml says any key there is a Trainer argument: every argument of
+    lightning.pytorch.Trainer's signature may be added, but those GrammarRL sets itself."""
+    import inspect
+    from dataclasses import fields
+
+    from lightning.pytorch import Trainer
+
+    from grammarrl.schema import TRAINER_SET, TrainerSchema
+
+    configured = {f.name for f in fields(TrainerSchema)}
+    refused = {*TRAINER_SET, "callbacks"}
+    added = set(inspect.signature(Trainer).parameters) - configured - refused
+    assert {"precision", "accumulate_grad_batches", "deterministic"} <= added
+    for name in sorted(added):
+        validate(compose_config([f"+trainer.{name}=null"]))
+    validate(compose_config(["+trainer.precision=bf16-mixed"]))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+trainer.precison=bf16-mixed", "unknown config key (did you mean trainer.precision?)"),
+        ("+trainer.logger=false", "GrammarRL sets this Trainer argument itself; use logger="),
+        ("+trainer.default_root_dir=/x", "itself; use hydra.run.dir"),
+        ("+trainer.plugins=[]", "itself; use trainer.precision"),
+        ("+trainer.enable_checkpointing=false", "itself; use train.checkpoint_every_n_steps"),
+        ("+trainer.callbacks=[]", "this key is now callbacks"),
+    ],
+)
+def test_trainer_arguments_grammarrl_sets_or_misspelt_are_refused(override, message):
+    key = override.removeprefix("+").split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: .*{re.escape(message)}"):
+        validate(compose_config([override]))
+
+
+def test_added_trainer_arguments_reach_the_trainer(tmp_path):
+    from grammarrl.callbacks import BestDevAdapter
+    from grammarrl.progress import StepProgressBar
+    from grammarrl.train import build_trainer
+
+    added = ["+trainer.precision=bf16-mixed", "+trainer.enable_progress_bar=false"]
+    cfg = compose_config(["logger=none", "device=cpu", *added])
+    validate(cfg)
+    trainer = build_trainer(cfg, tmp_path, BestDevAdapter(tmp_path, "f1"))
+    assert trainer.precision == "bf16-mixed"
+    assert not any(isinstance(c, StepProgressBar) for c in trainer.callbacks)
 
 
 def test_wrong_type_names_key():
@@ -121,6 +182,8 @@ def test_cli_unknown_model_is_refused():
         (["+nonsense=1"], "nonsense"),
         (["+optim.maxsteps=1"], "optim.maxsteps"),
         (["eval.adapter=/some/adapter"], "eval.adapter"),  # mode=train evaluates its own
+        (["trainer.val_check_interval=0"], "trainer.val_check_interval"),
+        (["data.limit_train=0"], "data.limit_train"),
     ],
 )
 def test_bad_values_are_refused_before_any_model_loads(overrides, key, tmp_path, monkeypatch):
