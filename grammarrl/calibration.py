@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from grammarrl.atomic import write_json
 from grammarrl.config import rollout_key
+from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.models import resolve_device, resolve_dtype
 from grammarrl.results import config_dict
 from grammarrl.rundir import hydra_run_dir, run_dir
@@ -73,8 +75,31 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def _read(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+def read_table(path: Path) -> dict[str, Any]:
+    """The calibration table in `path` ({} when there is no file); a ConfigError naming the
+    file when it is not one (it is never overwritten then)."""
+    if not path.is_file():
+        return {}
+    try:
+        table = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        table = err
+    if not isinstance(table, dict):
+        reason = str(table) if isinstance(table, ValueError) else "not a JSON object"
+        raise ConfigError(
+            f"reward.calibration_file={path} is not a calibration file ({reason}); it holds "
+            "the calibrated σ's of every task and model: repair it, or move it away (the σ's "
+            "are then calibrated again), or set reward.calibration_file to another file"
+        )
+    return table
+
+
+def check_calibration_file(cfg: DictConfig) -> None:
+    """Pre-flight: a job that will read the calibration file (mode=calibrate, or train
+    without both `reward.sigma_*`) finds it readable before any model loads."""
+    wanted = cfg.mode == "train" and None in (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    if wanted or cfg.mode == "calibrate":
+        read_table(calibration_file(cfg))
 
 
 def entries(table: dict[str, Any], key: str) -> list[dict[str, Any]]:
@@ -100,7 +125,7 @@ def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Parallel sweep jobs share one file: read-modify-write under a lock, so none is lost.
     with FileLock(str(path) + ".lock"):
-        table = _read(path)
+        table = read_table(path)
         conditions = calibration_conditions(cfg)
         kept = [e for e in entries(table, key) if differences(e, conditions)]
         table[key] = [*kept, entry]
@@ -112,10 +137,19 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
     if cfg.reward.sigma_direct is not None and cfg.reward.sigma_reverse is not None:
         return float(cfg.reward.sigma_direct), float(cfg.reward.sigma_reverse), "config"
     conditions = calibration_conditions(cfg)
-    stored = entries(_read(calibration_file(cfg)), calibration_key(cfg))
+    stored = entries(read_table(calibration_file(cfg)), calibration_key(cfg))
     for entry in stored:
         if not differences(entry, conditions):
-            return entry["sigma_direct"], entry["sigma_reverse"], str(calibration_file(cfg))
+            found = entry.get("sigma_direct"), entry.get("sigma_reverse")
+            if all(isinstance(s, (int, float)) and s > 0 for s in found):  # not null, NaN or 0
+                return *found, str(calibration_file(cfg))
+            log.warning(
+                "not reusing σ_direct=%s σ_reverse=%s of %s in %s: not usable; calibrating again",
+                *found,
+                calibration_key(cfg),
+                calibration_file(cfg),
+            )
+            return None
     if stored:
         closest = min((differences(e, conditions) for e in stored), key=len)
         log.warning(
@@ -133,17 +167,43 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
     return None
 
 
-def within_group_std(values: torch.Tensor, valid: torch.Tensor | None = None) -> float:
-    """Mean over groups (rows) of the population standard deviation within each group, over
-    its `valid` candidates (empty candidates are dropped); groups with fewer than two valid
-    candidates have no spread to measure and are left out."""
+def group_stds(values: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """The population standard deviation within each group (row) over its `valid` candidates
+    (empty candidates are dropped), for the groups with at least two: the others have no
+    spread to measure and are left out."""
     if valid is None:
         valid = torch.ones_like(values, dtype=torch.bool)
     count = valid.sum(dim=-1, keepdim=True).clamp(min=1)
     mean = values.masked_fill(~valid, 0.0).sum(dim=-1, keepdim=True) / count
     spread = ((values - mean) ** 2).masked_fill(~valid, 0.0)
     std = (spread.sum(dim=-1, keepdim=True) / count).sqrt().squeeze(-1)
-    return std[valid.sum(dim=-1) >= 2].mean().item()
+    return std[valid.sum(dim=-1) >= 2]
+
+
+def within_group_std(values: torch.Tensor, valid: torch.Tensor | None = None) -> float:
+    """Mean over groups of `group_stds` (NaN when no group has two valid candidates)."""
+    return group_stds(values, valid).mean().item()
+
+
+class CalibrationError(GrammarRLError):
+    """The dev rollouts give no usable σ (0 or NaN): nothing is stored."""
+
+
+def measured_sigma(cfg: DictConfig, term: str, stds: torch.Tensor) -> tuple[float, float]:
+    """(σ, its standard error over the groups) of one reward term from its `group_stds`; a
+    CalibrationError saying why and what to do when σ is 0 or NaN (no group had spread)."""
+    sigma = stds.mean().item() if len(stds) else math.nan
+    if not sigma > 0:  # 0, or NaN
+        raise CalibrationError(
+            f"calibrating {calibration_key(cfg)}: σ_{term} would be {sigma:g}: "
+            f"{int((stds > 0).sum())} of {len(stds)} dev rollout groups with two valid "
+            f"candidates had different {term} rewards, so there is no spread to scale the "
+            f"reward by (nothing stored in {calibration_file(cfg)}); use more dev inputs "
+            f"(task.dev_size, task.dev), a higher rollout.temperature "
+            f"(now {cfg.rollout.temperature}), or set reward.sigma_{term}"
+        )
+    stderr = (stds.std() / math.sqrt(len(stds))).item() if len(stds) > 1 else math.inf
+    return sigma, stderr
 
 
 def dev_rollouts(
@@ -182,16 +242,41 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
     direct_t = torch.cat([b.direct for b in batches])
     reverse_t = torch.cat([b.reverse for b in batches])
     valid_t = torch.cat([b.valid for b in batches])
+    sigma_direct, stderr_direct = measured_sigma(cfg, "direct", group_stds(direct_t, valid_t))
+    sigma_reverse, stderr_reverse = measured_sigma(cfg, "reverse", group_stds(reverse_t, valid_t))
+    report_uncertainty(
+        {"direct": (sigma_direct, stderr_direct), "reverse": (sigma_reverse, stderr_reverse)},
+        len(dev),
+    )
     measured_in = hydra_run_dir()
     return {
-        "sigma_direct": within_group_std(direct_t, valid_t),
-        "sigma_reverse": within_group_std(reverse_t, valid_t),
+        "sigma_direct": sigma_direct,
+        "sigma_reverse": sigma_reverse,
+        "sigma_direct_stderr": stderr_direct,
+        "sigma_reverse_stderr": stderr_reverse,
         "num_inputs": len(dev),
         "mean_direct": direct_t[valid_t].mean().item(),
         "mean_reverse": reverse_t[valid_t].mean().item(),
         "measured_in": str(measured_in) if measured_in is not None else None,
         **calibration_conditions(cfg),
     }
+
+
+UNCERTAIN = 0.1  # a σ whose standard error exceeds this share of it is warned about
+
+
+def report_uncertainty(measured: dict[str, tuple[float, float]], inputs: int) -> None:
+    """Log each σ with its standard error over the dev inputs; warn when one is uncertain."""
+    parts = [f"σ_{term}={sigma:.4f} ± {stderr:.4f}" for term, (sigma, stderr) in measured.items()]
+    log.info("%s (standard errors over %d dev inputs)", ", ".join(parts), inputs)
+    shaky = [f"σ_{t} ±{e / s:.0%}" for t, (s, e) in measured.items() if e > UNCERTAIN * s]
+    if shaky:
+        log.warning(
+            "%s: calibrated on %d dev inputs, the σ's are this uncertain (and with them the "
+            "reward's scale); more dev inputs (task.dev_size, task.dev) measure them better",
+            ", ".join(shaky),
+            inputs,
+        )
 
 
 def run_calibrate(cfg: DictConfig) -> dict[str, Any]:

@@ -52,7 +52,9 @@ TIMING = "timing.json"  # wall time of the job's last complete run (skipped re-r
 def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> None:
     """Checks of the environment a job needs, before any model or data is loaded and before
     its run directory is touched: W&B credentials, the device, the model's files, the adapter to
-    evaluate, and (train) the checkpoint the run would resume from, unless the plan deletes it."""
+    evaluate, the calibration file, and (train) the checkpoint the run would resume from,
+    unless the plan deletes it."""
+    from grammarrl.calibration import check_calibration_file
     from grammarrl.models import check_adapter_dir, check_model_source, resolve_device
 
     tracking.check_logger(cfg)
@@ -60,6 +62,7 @@ def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> None:
     check_model_source(cfg.model)
     if cfg.eval.adapter:
         check_adapter_dir(cfg.eval.adapter)
+    check_calibration_file(cfg)
     if cfg.mode == "train" and out is not None and out / "checkpoints" not in plan.remove:
         from grammarrl.train import resolve_resume
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from grammarrl.calibration import (
     calibration_conditions,
+    check_calibration_file,
     lookup_sigmas,
     store_sigmas,
     within_group_std,
@@ -169,3 +171,97 @@ def test_calibration_samples_follow_the_calibration_seed(tiny, tmp_path):
 
     assert sigmas("seed=0") == sigmas("seed=5")
     assert sigmas("reward.calibration_seed=1") != sigmas("reward.calibration_seed=0")
+
+
+def _calibrate_on(monkeypatch, cfg, direct, reverse, valid=None):
+    """`calibrate` on dev rollouts with these rewards (one group per row), no model."""
+    from grammarrl.calibration import calibrate
+
+    direct, reverse = torch.tensor(direct), torch.tensor(reverse)
+    valid = torch.ones_like(direct, dtype=torch.bool) if valid is None else torch.tensor(valid)
+    batch = SimpleNamespace(direct=direct, reverse=reverse, valid=valid)
+    monkeypatch.setattr("grammarrl.calibration.dev_rollouts", lambda *args: [batch])
+    task = SimpleNamespace(splits=lambda: SimpleNamespace(dev=list(range(len(direct)))))
+    return calibrate(cfg, None, None, task)
+
+
+def test_a_sigma_of_zero_or_nan_is_refused_saying_why_and_nothing_is_stored(tmp_path, monkeypatch):
+    from grammarrl.calibration import CalibrationError
+    from grammarrl.train import resolve_sigmas
+
+    cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
+    spread = [[1.0, 2.0, 4.0], [0.0, 1.0, 3.0]]
+    same = [[-3.0, -3.0, -3.0], [-5.0, -5.0, -5.0]]  # every group's candidates score alike
+    with pytest.raises(CalibrationError) as err:
+        _calibrate_on(monkeypatch, cfg, spread, same)
+    message = str(err.value)
+    assert message.startswith("calibrating conll/smollm2/n3_b3: σ_reverse would be 0: 0 of 2 ")
+    for advice in ("task.dev_size", "rollout.temperature (now 1.0)", "reward.sigma_reverse"):
+        assert advice in message
+    alone = [[True, False, False], [False, True, False]]  # no group has two valid candidates
+    with pytest.raises(CalibrationError, match="σ_direct would be nan: 0 of 0 "):
+        _calibrate_on(monkeypatch, cfg, spread, spread, alone)
+    with pytest.raises(CalibrationError):  # in training: calibrated, refused, not stored
+        resolve_sigmas(cfg, None, None, SimpleNamespace(splits=lambda: SimpleNamespace(dev=[0, 1])))
+    assert not (tmp_path / "calibration.json").exists()
+
+
+def test_a_stored_sigma_of_null_or_zero_is_not_reused(tmp_path, caplog):
+    cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
+    for bad in (None, 0.0):
+        store_sigmas(
+            cfg, {"sigma_direct": 0.5, "sigma_reverse": bad, **calibration_conditions(cfg)}
+        )
+        assert lookup_sigmas(cfg) is None
+        assert f"not reusing σ_direct=0.5 σ_reverse={bad}" in caplog.text
+
+
+def test_sigmas_are_logged_with_their_standard_error_and_few_inputs_warned(
+    tmp_path, monkeypatch, caplog
+):
+    import logging
+
+    cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
+    groups = [[0.0, 1.0], [0.0, 3.0], [0.0, 2.0], [0.0, 6.0]]  # group stds 0.5, 1.5, 1, 3
+    with caplog.at_level(logging.INFO):
+        entry = _calibrate_on(monkeypatch, cfg, groups, groups)
+    stderr = torch.tensor([0.5, 1.5, 1.0, 3.0]).std().item() / 2
+    assert entry["sigma_direct"] == pytest.approx(1.5)
+    assert entry["sigma_direct_stderr"] == pytest.approx(stderr)
+    assert f"σ_direct=1.5000 ± {stderr:.4f}" in caplog.text and "over 4 dev inputs" in caplog.text
+    warned = [r.message for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        (
+            f"σ_direct ±{stderr / 1.5:.0%}, σ_reverse ±{stderr / 1.5:.0%}: calibrated on 4 dev "
+            "inputs, the σ's are this uncertain (and with them the reward's scale); more dev "
+            "inputs (task.dev_size, task.dev) measure them better"
+        )
+    ]
+
+
+def test_a_corrupt_calibration_file_is_named_before_any_model_loads_and_kept(tmp_path, monkeypatch):
+    from grammarrl.errors import ConfigError
+    from grammarrl.run import dispatch
+
+    path = tmp_path / "calibration.json"
+    path.write_text('{"conll/smollm2/n3_b3": [{"sigma_direct": 0.5,')  # a write cut short
+    cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
+    with pytest.raises(ConfigError, match=rf"^reward.calibration_file={path} is not a calib"):
+        lookup_sigmas(cfg)
+    with pytest.raises(ConfigError, match="repair it, or move it away"):
+        store_sigmas(cfg, {"sigma_direct": 0.6, "sigma_reverse": 0.1})
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the calibration file was read")
+
+    monkeypatch.setattr("grammarrl.models.load_model", loaded)
+    monkeypatch.setattr("grammarrl.train.load_model", loaded)
+    monkeypatch.chdir(tmp_path)  # a run that got through would write its outputs here
+    for mode in ("train", "calibrate"):
+        job = _cfg(tmp_path, "model=tiny", "logger=none", f"mode={mode}")
+        with pytest.raises(ConfigError, match="^reward.calibration_file=") as err:
+            dispatch(job)
+        assert "\n" not in str(err.value)
+    sigmas = _cfg(tmp_path, "model=tiny", "reward.sigma_direct=1", "reward.sigma_reverse=1")
+    check_calibration_file(sigmas)  # a run that does not read the file is not stopped by it
+    assert path.read_text() == '{"conll/smollm2/n3_b3": [{"sigma_direct": 0.5,'
