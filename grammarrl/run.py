@@ -4,8 +4,9 @@ Thin on purpose: check the config and the run directory, then hand the config to
 function in the package, inside the job's W&B run (`grammarrl.tracking`).
 
 Order of a job, all before any model or data is loaded and before the run directory is
-touched: the config is validated (unknown keys, bad values, contradictions; for a single run
-and `--cfg` already before Hydra starts), the run directory's record decides whether the job is
+touched: the config is validated once (unknown keys, bad values, contradictions; for a single
+run and `--cfg` before Hydra starts, and the job runs with the config so checked), the run
+directory's record decides whether the job is
 skipped (its results exist under the same settings), continues, or is refused
 (`grammarrl.rundir`), and the environment is checked (W&B credentials, device, the model's
 files, the adapter, a checkpoint to resume). A job that fails writes `failed.json` (error,
@@ -21,6 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.errors import CompactHydraException, HydraException
@@ -49,11 +51,12 @@ FAILED = "failed.json"
 TIMING = "timing.json"  # wall time of the job's last complete run (skipped re-runs keep it)
 
 
-def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> None:
+def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> dict[str, Any]:
     """Checks of the environment a job needs, before any model or data is loaded and before
-    its run directory is touched: W&B credentials, the device, the model's files, the adapter to
-    evaluate, the calibration file, and (train) the checkpoint the run would resume from,
-    unless the plan deletes it."""
+    its run directory is touched (they change nothing): W&B credentials, the device, the
+    model's files, the adapter to evaluate, the calibration file, and (train) the checkpoint the
+    run would resume from, unless the plan deletes it. Returns what the mode's function takes
+    from them, so that it does not find it again: `resume` (train)."""
     from grammarrl.calibration import check_calibration_file
     from grammarrl.models import check_adapter_dir, check_model_source, resolve_device
 
@@ -66,25 +69,28 @@ def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> None:
     if cfg.mode == "train" and out is not None and out / "checkpoints" not in plan.remove:
         from grammarrl.train import resolve_resume
 
-        resolve_resume(cfg, out)
+        return {"resume": resolve_resume(cfg, out)}
+    return {}
 
 
-def dispatch(cfg: DictConfig) -> object:
-    """Validate the config and run its mode; raises GrammarRLError on user errors."""
+def dispatch(cfg: DictConfig, validated: bool = False) -> object:
+    """Validate the config (unless `validated`: the command line's check did) and run its mode;
+    raises GrammarRLError on user errors."""
     quiet_third_party()
-    validate(cfg)
+    if not validated:
+        validate(cfg)
     out = hydra_run_dir()
     plan = rundir.plan_job(cfg, out) if out is not None else rundir.Plan()
     if plan.done is not None:
         return plan.done
-    preflight(cfg, out, plan)
+    found = preflight(cfg, out, plan)
     if out is not None and tracking.is_rank_zero():
         rundir.commit(cfg, out, plan)
     module_name, func_name = MODE_HANDLERS[cfg.mode].split(":")
     handler = getattr(importlib.import_module(module_name), func_name)
     started = time.time()
     with tracking.job_run(cfg, out) as run:
-        result = handler(cfg)
+        result = handler(cfg, **found)
         tracking.log_results(run, result)
     record_timing(started)
     return result
@@ -131,10 +137,17 @@ def clear_failure() -> None:
         (out / FAILED).unlink(missing_ok=True)
 
 
+# The single run's config as `check_command_line` composed and validated it: the job runs
+# with it instead of validating Hydra's copy of the same composition again.
+CHECKED: list[DictConfig] = []
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> object:
+    checked = CHECKED.pop() if CHECKED and not _in_multirun() else None
+    cfg = checked if checked is not None else cfg
     try:
-        result = dispatch(cfg)
+        result = dispatch(cfg, validated=checked is not None)
     except GrammarRLError as err:
         log.error("%s", err)
         if not isinstance(err, rundir.RunDirConflict):  # the directory's own job did not fail
@@ -166,10 +179,11 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check_command_line(argv: list[str]) -> None:
+def check_command_line(argv: list[str]) -> DictConfig | None:
     """Refuse a single run's (or `--cfg`'s) bad config before Hydra starts: an unknown key,
     with or without `+`, and every value `validate` checks. Exits 2 with one line naming the
-    key. Sweeps (`-m`) are checked job by job in `dispatch`; custom config paths by Hydra."""
+    key; returns the validated config (None where it checks nothing). Sweeps (`-m`) are checked
+    job by job in `dispatch`; custom config paths by Hydra."""
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
@@ -182,19 +196,24 @@ def check_command_line(argv: list[str]) -> None:
         or args.info
         or args.shell_completion
     ):
-        return
+        return None
     try:
-        validate(compose_job_config(args.overrides))
+        cfg = compose_job_config(args.overrides)
+        validate(cfg)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except (HydraException, ValueError):
-        return  # Hydra reports its own composition errors (a missing group option, ...)
+        return None  # Hydra reports its own composition errors (a missing group option, ...)
+    return cfg
 
 
 def cli() -> None:
-    """`python -m grammarrl.run`: the command-line check, then Hydra's main."""
-    check_command_line(sys.argv[1:])
+    """`python -m grammarrl.run`: the command-line check, then Hydra's main (which runs the
+    job with the config the check validated)."""
+    checked = check_command_line(sys.argv[1:])
+    if checked is not None:
+        CHECKED.append(checked)
     main()
 
 

@@ -7,7 +7,7 @@ import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -124,8 +124,6 @@ def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
     if setting is None:
         return None
     own = out / "checkpoints" / "last.ckpt"
-    for stale in own.parent.glob(".*.tmp"):  # a write cut by a kill
-        stale.unlink(missing_ok=True)
     path = own if setting == "auto" or own.is_file() else Path(setting)
     if setting != "auto" and path == own and own.resolve() != Path(setting).resolve():
         log.info(
@@ -269,13 +267,17 @@ def build_trainer(cfg: DictConfig, out: Path, best_dev: BestDevAdapter) -> L.Tra
     )
 
 
-def run_train(cfg: DictConfig) -> dict[str, Any]:
-    """Calibrate-if-needed, train, save the adapter, evaluate on the seeded test sets."""
+def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find") -> dict[str, Any]:
+    """Calibrate-if-needed, train, save the adapter, evaluate on the seeded test sets. `resume`:
+    the checkpoint the job's pre-flight check found (`resolve_resume`), by default found here."""
     from grammarrl.tasks import load_task
 
     L.seed_everything(cfg.train.seed, workers=True)
     out = run_dir(cfg)
-    resume = resolve_resume(cfg, out)
+    for cut in (out / "checkpoints").glob(".*.tmp"):  # a checkpoint write cut by a kill
+        cut.unlink(missing_ok=True)
+    if resume == "find":
+        resume = resolve_resume(cfg, out)
     if resume is not None:
         log.info(
             "Resuming from %s (%d steps done)%s",

@@ -623,7 +623,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     ckpt.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelError, match=r"last.ckpt is corrupt or truncated .*delete it"):
         resolve_resume(cfg, tmp_path / "run")
-    assert not (ckpt.parent / ".last.ckpt.abc.tmp").exists()
+    assert (ckpt.parent / ".last.ckpt.abc.tmp").exists()  # a check deletes nothing
     assert resolve_resume(compose_config(["train.resume=null"]), tmp_path / "run") is None
 
 
@@ -748,3 +748,57 @@ def test_corrupt_adapter_is_a_clear_error(tmp_path, cache_dir):
             run_eval(cfg)
     finally:
         os.chdir(previous)
+
+
+def test_a_job_is_validated_once_and_finds_its_checkpoint_once_changing_nothing(
+    tmp_path, monkeypatch
+):
+    """One job through the command line: `validate` runs once (the pre-Hydra check's config is
+    the job's), the pre-flight check finds the checkpoint and hands it to run_train, and it
+    deletes nothing (a write cut by a kill is cleared by run_train, not by a check)."""
+    import runpy
+
+    from hydra.core.hydra_config import HydraConfig
+
+    import grammarrl.config
+    import grammarrl.train
+    from grammarrl.callbacks import RUN_RECORD
+    from grammarrl.config import compose_job_config
+
+    run = tmp_path / "run"
+    overrides = [*TINY_TRAIN, "trainer.max_steps=5", f"hydra.run.dir={run}"]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    record = {"config": config_dict(compose_job_config(overrides)), "sigmas": [1.0, 1.0]}
+    AtomicCheckpointIO().save_checkpoint(
+        {"global_step": 3, "state_dict": {}, RUN_RECORD: record}, ckpt
+    )
+    cut = ckpt.parent / ".last.ckpt.abc.tmp"
+    cut.write_bytes(b"half")
+
+    calls: dict[str, list] = {"validate": [], "resolve_resume": [], "run_train": []}
+
+    def counted(name: str, real):
+        def call(*args, **kwargs):
+            calls[name].append(kwargs)
+            return real(*args, **kwargs)
+
+        return call
+
+    def run_train(cfg, **kwargs):
+        calls["run_train"].append({**kwargs, "cut write kept": cut.exists()})
+        return {}
+
+    real_validate, real_resolve = grammarrl.config.validate, grammarrl.train.resolve_resume
+    monkeypatch.setattr(grammarrl.config, "validate", counted("validate", real_validate))
+    monkeypatch.setattr(grammarrl.train, "resolve_resume", counted("resolve_resume", real_resolve))
+    monkeypatch.setattr(grammarrl.train, "run_train", run_train)
+    logging_off = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["grammarrl.run", *overrides, *logging_off])
+    try:
+        runpy.run_module("grammarrl.run", run_name="__main__")  # python -m grammarrl.run
+    finally:
+        HydraConfig.instance().cfg = None  # later tests run outside Hydra
+    assert len(calls["validate"]) == 1 and len(calls["resolve_resume"]) == 1
+    [job] = calls["run_train"]
+    assert job["resume"].path == ckpt and job["resume"].step == 3 and job["cut write kept"]

@@ -95,6 +95,7 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path):
     done = checkpoint_step(ckpt)
     assert 2 <= done < STEPS and not (killed / "adapter").exists()
 
+    (ckpt.parent / ".last.ckpt.cut.tmp").write_bytes(b"half")  # as if the kill cut a write
     run(killed, tmp_path / "resumed.log")  # the same command again
     text = (tmp_path / "resumed.log").read_text()
     assert "Resuming from" in text and f"({done} steps done)" in text
