@@ -12,7 +12,7 @@ import pytest
 from experiments import aggregate as agg
 from experiments import analysis, jobs, paper_tables
 from experiments.runs import AggregationError, load_sweep
-from grammarrl.config import validate
+from grammarrl.config import CONF_DIR, validate
 from tests.conftest import compose_config
 from tests.support.runs import conll, make_run, md_rows, read_results
 
@@ -219,9 +219,16 @@ def test_one_cell_filled_by_two_different_runs_is_an_error(tmp_path: Path):
 
 
 def test_identical_baselines_collapse(tmp_path: Path):
+    """The frozen model evaluated twice (same numbers) fills its cell once: the table is the one
+    without the copy, and no error."""
+    alone = main_sweep(tmp_path / "alone")
+    agg.aggregate("main", [alone])
     root = main_sweep(tmp_path / "main")
     make_run(root, "conll_bg_copy", mode="eval", results={"results": [0.4, 0.4]})
-    agg.aggregate("main", [root])  # the frozen model evaluated twice: same numbers, no error
+    agg.aggregate("main", [root])
+    table = (root / "aggregate" / "main_results.md").read_text()
+    assert table == (alone / "aggregate" / "main_results.md").read_text()
+    assert md_rows(table)["baseline (greedy)"] == ["0.300 ± 0.000", "0.400 ± 0.000"]
 
 
 def test_rollout_table_blocks(tmp_path: Path):
@@ -461,27 +468,42 @@ def test_ablation_lambda_expands_to_five_jobs():
     )
 
 
+EXPERIMENT_DIR = Path(CONF_DIR) / "experiment"
+EXPERIMENT_FILES = sorted(EXPERIMENT_DIR.rglob("*.yaml"))
+JOB_COUNTS = {  # the sweeps whose size is fixed: the paper's grids and their CPU versions
+    "main": 45,
+    "ablation_rollout": 5,
+    "calibration": 21,
+    "inference_time": 15,
+    "main_cpu": 5,
+    "ablation_lambda_cpu": 5,
+    "ablation_rollout_cpu": 5,
+    "calibration_cpu": 5,
+    "inference_time_cpu": 5,
+    "evidence_conll_cpu": 5,
+    "evidence_gloss_cpu": 5,
+}
+
+
 @pytest.mark.parametrize(
-    ("experiment", "count"),
-    [
-        ("main", 45),
-        ("ablation_rollout", 5),
-        ("calibration", 21),
-        ("inference_time", 15),
-        ("main_cpu", 5),
-        ("ablation_lambda_cpu", 5),
-        ("ablation_rollout_cpu", 5),
-        ("calibration_cpu", 5),
-        ("inference_time_cpu", 5),
-        ("evidence_conll_cpu", 5),
-        ("evidence_gloss_cpu", 5),
-    ],
+    "path", EXPERIMENT_FILES, ids=[str(p.relative_to(EXPERIMENT_DIR)) for p in EXPERIMENT_FILES]
 )
-def test_experiments_expand_and_validate(experiment: str, count: int):
-    expanded = jobs.expand([f"+experiment={experiment}"])
-    assert len(expanded) == count
-    for job in (expanded[0], expanded[-1]):  # composing all 116 jobs takes too long for a test
+def test_every_experiment_config_composes_and_validates(path: Path):
+    """Every file under conf/experiment/, found by listing the folder: an experiment's first and
+    last job (composing all 116 jobs of the largest takes too long for a test), a file of one of
+    its groups (variant, rollout, sigma, ...) on top of the defaults."""
+    name = path.relative_to(EXPERIMENT_DIR).with_suffix("")
+    if name.parent == Path("."):
+        expanded = jobs.expand([f"+experiment={name}"])
+        assert len(expanded) == JOB_COUNTS.get(str(name), len(expanded))
+    else:
+        expanded = [[f"+experiment/{name.parent}={name.name}"]]
+    for job in (expanded[0], expanded[-1]):
         validate(jobs.compose_job(job))
+
+
+def test_job_counts_name_existing_experiments():
+    assert set(JOB_COUNTS) <= {p.stem for p in EXPERIMENT_FILES if p.parent == EXPERIMENT_DIR}
 
 
 def test_variants_and_rollouts_land_in_the_job_config():

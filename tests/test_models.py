@@ -70,12 +70,28 @@ def test_lora_wraps_attention_and_mlp_and_reference_is_base(tiny, cache_dir):
 
 
 def test_adapter_roundtrip_and_mismatch(tmp_path, cache_dir):
+    """A saved adapter loads onto a fresh base model as it was: the same weights and outputs."""
     cfg = compose_config(["model=tiny"])
     model, _ = load_model(cfg.model, cache_dir, device="cpu")
     policy = add_lora(model, cfg.lora)
+    with torch.no_grad():  # a trained-looking adapter: lora_B is zero at initialisation
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.05, generator=torch.Generator().manual_seed(0))
     policy.save_pretrained(tmp_path / "adapter")
     base, _ = load_model(cfg.model, cache_dir, device="cpu")
-    assert load_adapter(base, tmp_path / "adapter") is not None
+    loaded = load_adapter(base, tmp_path / "adapter")
+    saved = {n: p for n, p in policy.named_parameters() if "lora_" in n}
+    restored = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert saved.keys() == restored.keys() and saved
+    assert all(torch.equal(saved[n], restored[n]) for n in saved)
+    ids = torch.tensor([[1, 42, 43, 44]])
+    policy.eval()  # no LoRA dropout
+    loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, policy(input_ids=ids).logits)
+        with loaded.disable_adapter():  # not vacuous: the adapter changes the outputs
+            assert not torch.allclose(loaded(input_ids=ids).logits, policy(input_ids=ids).logits)
     with pytest.raises(ModelError, match="no adapter_config.json"):
         load_adapter(base, tmp_path / "nowhere")
     bigger = compose_config(["model=tiny", "model.hidden_size=128"]).model
