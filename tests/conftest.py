@@ -73,7 +73,7 @@ def prompts(tok) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     """The model cache shared across tests (SmolLM2 is dequantised into it once)."""
-    path = Path(os.environ.get("GRAMMARRL_CACHE_DIR", Path.home() / ".cache" / "grammarrl"))
+    path = Path(compose_config().cache_dir)  # conf/config.yaml's default, GRAMMARRL_CACHE_DIR
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -123,6 +124,20 @@ def test_added_trainer_arguments_reach_the_trainer(tmp_path):
     trainer = build_trainer(cfg, tmp_path, BestDevAdapter(tmp_path, "f1"))
     assert trainer.precision == "bf16-mixed"
     assert not any(isinstance(c, StepProgressBar) for c in trainer.callbacks)
+
+
+def test_the_cache_directory_default_is_written_once():
+    """conf/config.yaml gives cache_dir its default (GRAMMARRL_CACHE_DIR, else
+    ~/.cache/grammarrl); code and tests read `cfg.cache_dir` instead of writing it again."""
+    written = '".cache"'
+    sources = [*ROOT.glob("grammarrl/**/*.py"), *ROOT.glob("tests/**/*.py")]
+    again = [
+        p.relative_to(ROOT) for p in sources if p != Path(__file__) and written in p.read_text()
+    ]
+    assert again == []
+    assert compose_config().cache_dir.endswith("/.cache/grammarrl") or os.environ.get(
+        "GRAMMARRL_CACHE_DIR"
+    )
 
 
 def test_wrong_type_names_key():

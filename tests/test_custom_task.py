@@ -393,6 +393,25 @@ def test_one_file_split(tmp_path):
     assert [ex.input for ex in other] != inputs["test"]
 
 
+def test_a_custom_task_is_built_by_the_corpus_tasks_init(tmp_path, monkeypatch):
+    """CustomTask sets up through CorpusTask.__init__ (its own files as the data root), not a
+    copy of it: the cache directory, split seed and skip log come from the one place."""
+    from grammarrl.tasks.common import CorpusTask
+
+    built = []
+    real = CorpusTask.__init__
+
+    def init(self, cfg):
+        built.append(type(self).__name__)
+        real(self, cfg)
+
+    monkeypatch.setattr(CorpusTask, "__init__", init)
+    task = task_of(spec_file(tmp_path), f"cache_dir={tmp_path / 'cache'}", "data.split_seed=3")
+    assert built == ["CustomTask"]
+    assert (task.source, task.root, task.seed) == ("local", tmp_path.resolve(), 3)
+    assert task.cache_dir == tmp_path / "cache"
+
+
 def test_given_dev_and_test_files(tmp_path):
     """A test file keeps its labelled rows only (when it has some); the dev file is used whole."""
     write_jsonl(

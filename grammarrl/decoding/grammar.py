@@ -77,7 +77,6 @@ class CompiledGrammar:
         if self._template.is_error():
             raise GrammarError(f"the grammar does not compile: {self._template.get_error()}")
         self.vocab_size = self.ll_tokenizer.vocab_size
-        self.mask_words = (self.vocab_size + 31) // 32
 
     def matcher(self) -> llguidance.LLMatcher:
         """A fresh matcher at the start of the grammar."""

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from grammarrl.decoding.smc import ParticleSet, log_ess
 from grammarrl.decoding.types import Generation
 
-METHODS = ("rerank", "is", "smc")
 NEG_INF = float("-inf")
 
 

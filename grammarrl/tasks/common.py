@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,16 +48,21 @@ class CorpusTask(Task):
         self.cfg = cfg
         self.task_cfg = cfg.task
         data = cfg.get("data") or {}
-        self.source = str(data.get("source", "local"))
-        if self.source not in ("local", "hub"):
-            raise ConfigError(f"data.source={self.source!r} is invalid: expected local or hub")
-        self.root = data_root(data.get("dir")) if self.source == "local" else None
+        self.source, self.root = self.locate(data)
         self.seed = int(data.get("split_seed", 0))
         self.embedder = str(data.get("embedder") or MINILM)
-        self.cache_dir = Path(str(cfg.get("cache_dir") or Path.home() / ".cache" / "grammarrl"))
+        self.cache_dir = Path(str(cfg.cache_dir))
         self.skips = SkipLog(self.name)
         self._splits: Splits | None = None
         self._hints_ready = False
+
+    def locate(self, data: Mapping[str, Any]) -> tuple[str, Path | None]:
+        """(source, root) of the task's rows: `data.source`, and when local the data root
+        (`data.dir`, or the bundled samples)."""
+        source = str(data.get("source", "local"))
+        if source not in ("local", "hub"):
+            raise ConfigError(f"data.source={source!r} is invalid: expected local or hub")
+        return source, data_root(data.get("dir")) if source == "local" else None
 
     # ----- data -------------------------------------------------------------------------
     @property

@@ -35,7 +35,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from grammarrl.data.sources import Row, SkipLog, fingerprint
+from grammarrl.data.sources import Row, fingerprint
 from grammarrl.data.splits import partition
 from grammarrl.errors import ConfigError, DataError
 from grammarrl.metrics import corpus_bleu, validity_rate
@@ -83,20 +83,11 @@ class CustomTask(CorpusTask):
 
     def __init__(self, cfg: DictConfig) -> None:
         self.spec = resolve_spec(cfg)
-        self.cfg, self.task_cfg = cfg, cfg.task
         self.name = self.spec.name
-        self.labelled = bool(self.spec.output_field)
+        super().__init__(cfg)
         self.instruction = self.spec.instruction
         self.output_format = self.spec.output_format
         self.inverse_instruction = self.spec.reverse_instruction
-        self.source, self.root = "local", self.spec.files["train"].parent
-        data = cfg.get("data") or {}
-        self.seed = int(data.get("split_seed", 0))
-        self.embedder = str(data.get("embedder") or "")
-        self.cache_dir = Path(str(cfg.get("cache_dir") or Path.home() / ".cache" / "grammarrl"))
-        self.skips = SkipLog(self.name)
-        self._splits = None
-        self._hints_ready = False
         self.checker = ByteGrammarChecker(self.spec.grammar)
         self.splits()  # read now: a bad row stops the run before any model is loaded
         self.gold_rejected = self.check_gold()
@@ -112,6 +103,11 @@ class CustomTask(CorpusTask):
         )
 
     # ----- data -------------------------------------------------------------------------
+    def locate(self, data: Mapping[str, Any]) -> tuple[str, Path | None]:
+        """Its own files (`resolve_spec` refused another data.source): rooted at task.train's
+        directory, which example ids are relative to."""
+        return "local", self.spec.files["train"].parent
+
     def read_local(self, directory: Path) -> list[Row]:
         """The rows of the spec's train/dev/test files (split = the key)."""
         return [

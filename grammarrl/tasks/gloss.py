@@ -22,7 +22,7 @@ from functools import cached_property
 from pathlib import Path
 
 from grammarrl.data.hub import load_hub_dataset
-from grammarrl.data.sources import Row, SkipLog, read_lines
+from grammarrl.data.sources import Row, read_lines
 from grammarrl.errors import DataError
 from grammarrl.metrics import corpus_bleu, validity_rate
 from grammarrl.tasks.common import CorpusTask, clean_text
@@ -48,7 +48,7 @@ BARE_X = "X"
 
 
 # ----- reading --------------------------------------------------------------------------
-def read_aslg(directory: Path, skips: SkipLog) -> list[Row]:
+def read_aslg(directory: Path) -> list[Row]:
     """English/gloss pairs from the corpus' own train/dev/test split files."""
     rows = []
     for split, stem in FILES.items():
@@ -201,7 +201,7 @@ class GlossTask(CorpusTask):
     )
 
     def read_local(self, directory: Path) -> list[Row]:
-        return read_aslg(directory, self.skips)
+        return read_aslg(directory)
 
     def read_hub(self) -> list[Row]:
         return read_hub_aslg(self.seed)
