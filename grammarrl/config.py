@@ -242,8 +242,14 @@ def _check_scalars(cfg: DictConfig) -> None:
 
 def _check_task_and_model(task: Any, model: Any) -> None:
     _check(model.source in MODEL_SOURCES, "model.source", model.source, f"one of {MODEL_SOURCES}")
-    for key in ("train_size", "dev_size", "batch_size", "max_steps", "max_new_tokens"):
+    for key in ("dev_size", "batch_size", "max_steps", "max_new_tokens"):
         _check(task[key] >= 1, f"task.{key}", task[key], "an integer >= 1")
+    _check(
+        task.train_size is None or task.train_size >= 1,
+        "task.train_size",
+        task.train_size,
+        "null (every training input) or an integer >= 1",
+    )
     _check(task.num_fewshot >= 0, "task.num_fewshot", task.num_fewshot, "an integer >= 0")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import hydra
 from hydra.errors import CompactHydraException, HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from grammarrl import rundir, tracking
 from grammarrl.atomic import write_json
@@ -34,8 +34,10 @@ from grammarrl.config import compose_job_config, validate
 from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.logs import quiet_third_party
 from grammarrl.rundir import hydra_run_dir
+from grammarrl.tasks.custom_spec import run_task_name
 
 log = logging.getLogger("grammarrl")
+OmegaConf.register_new_resolver("grammarrl.task_name", run_task_name, replace=True)
 
 # mode -> "module:function"; each function takes the composed config.
 MODE_HANDLERS = {

@@ -14,7 +14,7 @@ from typing import Any
 class TaskSchema:
     name: str
     metric: str
-    train_size: int
+    train_size: int | None  # null: every training input (custom tasks)
     dev_size: int
     num_fewshot: int
     num_hints: int

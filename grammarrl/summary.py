@@ -150,8 +150,9 @@ def changed_outputs(
 
 
 def pick_examples(changed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Up to three changed outputs, in test order: the first that scored better, the first
-    that scored worse, the first that scored the same, then the next changed ones."""
+    """Up to three changed outputs, in this order (the summary's heading promises it): the
+    first in test order that scored better, the first worse, the first the same, then the next
+    changed ones in test order."""
 
     def kind(item: dict[str, Any]) -> str:
         if "frozen_score" not in item:
@@ -166,8 +167,7 @@ def pick_examples(changed: list[dict[str, Any]]) -> list[dict[str, Any]]:
             break
         if all(item is not p for p in picked):
             picked.append(item)
-    order = {id(item): n for n, item in enumerate(changed)}
-    return sorted(picked[:NUM_EXAMPLES], key=lambda item: order[id(item)])
+    return picked[:NUM_EXAMPLES]
 
 
 def verdict(diff: Sequence[float], frozen: Sequence[float], trained: Sequence[float]) -> str:

@@ -63,6 +63,7 @@ def test_paper_sigma_table_is_in_config():
         ("trainer.val_check_interval=null", "trainer.val_check_interval"),
         ("data.limit_train=0", "data.limit_train"),  # was "no limit"
         ("data.limit_train=-2", "data.limit_train"),
+        ("task.train_size=0", "task.train_size"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

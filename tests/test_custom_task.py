@@ -365,8 +365,8 @@ def test_csv_and_tsv_rows_with_their_lines(tmp_path):
 
 
 def test_one_file_split(tmp_path):
-    """One file: the first k labelled rows are the demonstrations; test_fraction of the other
-    labelled rows is the test pool; dev_size rows (at most a tenth) of the rest are dev."""
+    """One file: the first k labelled rows are the demonstrations; dev_size rows (at most a
+    tenth) of the others are dev; test_fraction of the labelled rows left is the test pool."""
     write_jsonl(tmp_path / "train.jsonl", rows(80, 40))
     spec = spec_file(tmp_path, dev=None, num_fewshot=2, dev_size=3)
     task = task_of(spec)
@@ -384,13 +384,56 @@ def test_one_file_split(tmp_path):
         "message number 0 about order 1000",
         "message number 1 about order 1001",
     ]
-    assert len(s.test_pool) == 19 and all(ex.target for ex in s.test_pool)  # round(0.5 * 38)
-    assert len(s.dev) == 3 and len(s.train) == 80 - 2 - 19 - 3
+    labelled_left = 38 - sum(bool(ex.target) for ex in s.dev)
+    assert len(s.test_pool) == round(0.5 * labelled_left) and all(ex.target for ex in s.test_pool)
+    assert len(s.dev) == 3 and len(s.train) == 80 - 2 - 3 - len(s.test_pool)
     every = [x for part in inputs.values() for x in part]
     assert len(set(every)) == len(every) == 80  # disjoint, nothing lost
     assert [ex.input for ex in task_of(spec).splits().test_pool] == inputs["test"]  # seeded
     other = task_of(spec, "data.split_seed=1").splits().test_pool
     assert [ex.input for ex in other] != inputs["test"]
+
+
+def test_a_small_labelled_file_keeps_a_tenth_for_dev_and_warns_once(tmp_path, caplog):
+    """160 labelled rows, no dev or test file, the default sizes: dev is held out first (a
+    tenth: 15, not 7 of what the test pool left), the test pool is half of the rest, training
+    takes all the others without a warning about the default train_size, and the short dev
+    split is warned about once."""
+    write_jsonl(tmp_path / "train.jsonl", rows(160, 160))
+    with caplog.at_level(logging.WARNING):
+        s = task_of(spec_file(tmp_path, dev=None)).splits()
+    assert (len(s.fewshot), len(s.dev), len(s.test_pool), len(s.train)) == (3, 15, 71, 71)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == ["tickets dev: 100 examples wanted, only 15 available: using all"]
+
+
+def test_spec_overrides_are_logged_once_per_job(tmp_path, caplog):
+    spec = spec_file(tmp_path, max_new_tokens=24)
+    cfg = config(spec, "task.max_new_tokens=50")
+    with caplog.at_level(logging.INFO):
+        validate(cfg)
+        load_task(cfg)
+    line = f"task.max_new_tokens=50 (command line) overrides {spec}'s 24"
+    assert [r.getMessage() for r in caplog.records].count(line) == 1
+
+
+def test_a_custom_tasks_run_directory_is_named_after_its_spec(tmp_path):
+    """hydra.run.dir names the task of the spec (its `name:`), not the config group `custom`;
+    a task.name given on the command line wins, as in the merged config."""
+    from hydra import compose, initialize_config_dir
+
+    import grammarrl.run  # noqa: F401  (registers the run directory's resolver)
+    from grammarrl.config import CONF_DIR
+
+    def run_dir(*overrides: str) -> str:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("config", [*overrides, "model=tiny"], return_hydra_config=True)
+        return str(cfg.hydra.run.dir)
+
+    spec = f"task.spec={spec_file(tmp_path)}"
+    assert run_dir("task=custom", spec).endswith("_tickets_tiny_train")
+    assert run_dir("task=custom", spec, "task.name=mine").endswith("_mine_tiny_train")
+    assert run_dir("task=conll").endswith("_conll_tiny_train")
 
 
 def test_a_custom_task_is_built_by_the_corpus_tasks_init(tmp_path, monkeypatch):

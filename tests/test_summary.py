@@ -240,7 +240,9 @@ def test_verdict(frozen, trained, start):
     assert summ.verdict(diff, frozen, trained).startswith(start)
 
 
-def test_examples_are_the_first_better_worse_and_same_in_test_order():
+def test_examples_are_the_first_better_worse_and_same_in_that_order():
+    """The order the summary's heading states, even where an unchanged score comes first."""
+
     def item(n, before=None, after=None):
         return {
             "n": n,
@@ -254,7 +256,7 @@ def test_examples_are_the_first_better_worse_and_same_in_test_order():
         item(3, 1.0, 0.0),
         item(4, 0.0, 1.0),
     ]
-    assert [i["n"] for i in summ.pick_examples(changed)] == [0, 2, 3]
+    assert [i["n"] for i in summ.pick_examples(changed)] == [2, 3, 0]
     only_better = [item(0, 0.0, 1.0), item(1, 0.0, 0.5), item(2, 0.5, 1.0), item(3, 0.0, 1.0)]
     assert [i["n"] for i in summ.pick_examples(only_better)] == [0, 1, 2]
     assert [i["n"] for i in summ.pick_examples([item(0), item(1)])] == [0, 1]  # unlabelled

@@ -3,7 +3,7 @@
 From pools `train`, `dev`, `test` of normalised examples:
 - the test pool is the `test` pool as is (test sets are drawn from it later, one seed each);
 - few-shot demonstrations are chosen deterministically (by the task) from the train pool;
-- `train` is a seeded sample of the rest of the train pool (task.train_size);
+- `train` is a seeded sample of the rest of the train pool (task.train_size; null: all of it);
 - `dev` (calibration inputs) is a seeded sample of the dev pool (task.dev_size); the rest of the
   dev pool, in a seeded order, is kept as `dev_reserve` for validation slices larger than `dev`.
 Train, dev and few-shot are de-duplicated by input and disjoint from each other and from the test
@@ -24,10 +24,11 @@ log = logging.getLogger(__name__)
 FewshotPicker = Callable[[list[Example], int], list[Example]]
 
 
-def seeded_sample(pool: Sequence[Example], size: int, seed: int, what: str) -> list[Example]:
-    """`size` examples of `pool` drawn with `seed` (in pool order), or all of them if fewer."""
-    if size >= len(pool):
-        if size > len(pool):
+def seeded_sample(pool: Sequence[Example], size: int | None, seed: int, what: str) -> list[Example]:
+    """`size` examples of `pool` drawn with `seed` (in pool order), or all of them if fewer
+    (logged) or `size` is None."""
+    if size is None or size >= len(pool):
+        if size is not None and size > len(pool):
             log.warning(
                 "%s: %d examples wanted, only %d available: using all", what, size, len(pool)
             )
@@ -52,14 +53,13 @@ def partition(
 ) -> dict[str, list[Example]]:
     """Split one labelled pool (WoS) into train/dev/test pools, deterministically by `seed`.
 
-    Dev takes `dev_size` examples (at most a tenth of a small pool), then the test pool takes
-    `test_fraction` of the rest and the train pool what remains.
+    Dev takes `dev_size` examples (at most a tenth of a small pool; `make_splits` says when it
+    got fewer than task.dev_size), then the test pool takes `test_fraction` of the rest and the
+    train pool what remains.
     """
     order = list(pool)
     random.Random(seed).shuffle(order)
     n_dev = min(dev_size, len(order) // 10)
-    if n_dev < dev_size:
-        log.warning("dev: %d examples wanted, the pool of %d gives %d", dev_size, len(order), n_dev)
     dev, rest = order[:n_dev], order[n_dev:]
     n_test = round(test_fraction * len(rest))
     return {"dev": dev, "test": rest[:n_test], "train": rest[n_test:]}
@@ -68,7 +68,7 @@ def partition(
 def make_splits(
     pools: dict[str, list[Example]],
     *,
-    train_size: int,
+    train_size: int | None,
     dev_size: int,
     num_fewshot: int,
     pick_fewshot: FewshotPicker,

@@ -89,6 +89,8 @@ class CustomTask(CorpusTask):
         self.output_format = self.spec.output_format
         self.inverse_instruction = self.spec.reverse_instruction
         self.checker = ByteGrammarChecker(self.spec.grammar)
+        for line in self.spec.overrides:
+            log.info("%s", line)
         self.splits()  # read now: a bad row stops the run before any model is loaded
         self.gold_rejected = self.check_gold()
 
@@ -198,11 +200,16 @@ class CustomTask(CorpusTask):
         return list(self.demonstration_pool[:k])
 
     def pools(self) -> dict[str, list[Example]]:
-        """train/dev/test pools: the given files; without a test file, task.test_fraction of
-        train's labelled rows (of all its rows when none is labelled); without a dev file,
-        task.dev_size rows held out of train (`splits.partition`)."""
+        """train/dev/test pools: the given files; without a dev file, task.dev_size of train's
+        rows (at most a tenth) held out first; without a test file, then task.test_fraction of
+        the labelled rows left (of all of them when none is labelled) (`splits.partition`)."""
         demos = {ex.uid for ex in self.demonstration_pool}
         train = [ex for ex in self.examples.get("train", []) if ex.uid not in demos]
+        if "dev" in self.spec.files:
+            dev = self.examples.get("dev", [])
+        else:
+            parts = partition(train, int(self.task_cfg.dev_size), 0.0, self.seed)
+            dev, train = parts["dev"], parts["train"]
         if "test" in self.spec.files:
             given = self.examples.get("test", [])
             test = [ex for ex in given if ex.target] or given
@@ -212,11 +219,6 @@ class CustomTask(CorpusTask):
             test = partition(pool, 0, float(self.task_cfg.test_fraction), self.seed)["test"]
             held = {ex.uid for ex in test}
             train = [ex for ex in train if ex.uid not in held]
-        if "dev" in self.spec.files:
-            dev = self.examples.get("dev", [])
-        else:
-            parts = partition(train, int(self.task_cfg.dev_size), 0.0, self.seed)
-            dev, train = parts["dev"], parts["train"]
         if not dev:
             where = "task.dev" if "dev" in self.spec.files else "train (at most a tenth of it)"
             raise DataError(

@@ -8,9 +8,8 @@ value is a ConfigError naming the key (and the spec file).
 
 from __future__ import annotations
 
-import logging
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,6 @@ from grammarrl.schema import TaskSchema
 from grammarrl.tasks import builtin_task_names
 from grammarrl.tasks.custom_data import FORMATS
 from grammarrl.tasks.custom_grammar import check_lark, constraint_grammar
-
-log = logging.getLogger(__name__)
 
 DEFAULTS_FILE = Path(__file__).resolve().parents[2] / "conf" / "task" / "custom.yaml"
 CONSTRAINTS = ("json_schema", "regex", "lark", "choices")
@@ -75,11 +72,13 @@ class CustomSpec:
     instruction: str
     output_format: str
     reverse_instruction: str
+    overrides: tuple[str, ...] = ()  # "task.KEY=value (command line) overrides FILE's value"
 
 
 def resolve_spec(cfg: DictConfig) -> CustomSpec:
-    """Merge `task.spec` into `cfg.task` (in place; idempotent) and check the custom task.
-    Raises ConfigError naming the key (and the spec file) on any bad value."""
+    """Merge `task.spec` into `cfg.task` (in place; idempotent, silent: the task logs the
+    spec's `overrides` once it is built) and check the custom task. Raises ConfigError naming
+    the key (and the spec file) on any bad value."""
     task = cfg.task
     name = str(task.get("name"))
     if task.get("spec") is None and task.get("train") is None:
@@ -93,25 +92,37 @@ def resolve_spec(cfg: DictConfig) -> CustomSpec:
             f"{', '.join(builtin_task_names())}, or custom (task=custom "
             "task.spec=FILE)"
         )
-    if task.get("spec") is not None:
-        merge_spec_file(task)
+    overrides = merge_spec_file(task) if task.get("spec") is not None else []
     source = str(cfg.get("data", {}).get("source", "local"))
     if source != "local":
         raise ConfigError(
             f"data.source={source}: a custom task reads its own files "
             "(task.train, task.dev, task.test); leave data.source=local"
         )
-    return build_spec(task)
+    return replace(build_spec(task), overrides=tuple(overrides))
 
 
 def _spec_defaults() -> DictConfig:
     return OmegaConf.load(DEFAULTS_FILE)
 
 
-def merge_spec_file(task: DictConfig) -> None:
+def run_task_name(name: str, spec: str | None) -> str:
+    """The task name in a run directory's name (`hydra.run.dir`, resolver `grammarrl.task_name`):
+    a spec file's `name:` unless task.name was given, as `merge_spec_file` decides; `name`
+    when there is no spec or it cannot be read (validation says why)."""
+    if spec is None or name != _spec_defaults().name:
+        return name
+    try:
+        values = OmegaConf.load(Path(spec).expanduser())
+    except (OSError, yaml.YAMLError, OmegaConfBaseException):
+        return name
+    return str(values.get("name") or name) if isinstance(values, DictConfig) else name
+
+
+def merge_spec_file(task: DictConfig) -> list[str]:
     """Copy the spec file's keys into `task`. A key that `task` already holds with a value other
-    than conf/task/custom.yaml's default (given on the command line) keeps it. Relative paths of
-    the file are made absolute from its directory."""
+    than conf/task/custom.yaml's default (given on the command line) keeps it: returned, one
+    line each. Relative paths of the file are made absolute from its directory."""
     path = Path(str(task.spec)).expanduser()
     if not path.is_file():
         raise ConfigError(
@@ -128,6 +139,7 @@ def merge_spec_file(task: DictConfig) -> None:
         )
     known = {f.name for f in fields(TaskSchema)} - {"spec"}
     defaults = _spec_defaults()
+    overrides = []
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"task.spec={path}: {unknown_key_error(f'task.{key}')}")
@@ -135,10 +147,13 @@ def merge_spec_file(task: DictConfig) -> None:
         current = task.get(key)
         if current is not None and current != defaults.get(key):
             if _plain(current) != value:
-                log.info("task.%s=%s (command line) overrides %s's %r", key, current, path, value)
+                overrides.append(
+                    f"task.{key}={current} (command line) overrides {path}'s {value!r}"
+                )
             continue
         with open_dict(task):
             task[key] = value
+    return overrides
 
 
 def _plain(value: Any) -> Any:
