@@ -6,10 +6,10 @@ function in the package, inside the job's W&B run (`grammarrl.tracking`).
 Order of a job, all before any model or data is loaded and before the run directory is
 touched: the config is validated once (unknown keys, bad values, contradictions; for a single
 run and `--cfg` before Hydra starts, and the job runs with the config so checked), the run
-directory's record decides whether the job is
-skipped (its results exist under the same settings), continues, or is refused
-(`grammarrl.rundir`), and the environment is checked (W&B credentials, device, the model's
-files, the adapter, a checkpoint to resume). A job that fails writes `failed.json` (error,
+directory's record decides whether the job is skipped (its results exist under the same
+settings), continues, or is refused (`grammarrl.rundir`), and the environment is checked (W&B
+credentials, device, the model's files, the adapter, the calibration file, a checkpoint to
+resume: found once, handed to the mode's function). A job that fails writes `failed.json` (error,
 type, mode) into its run directory, removed once it succeeds; in a multirun the failure is
 re-raised (one line, no traceback) so Hydra records it and runs the other jobs.
 """
@@ -39,7 +39,8 @@ from grammarrl.tasks.custom_spec import run_task_name
 log = logging.getLogger("grammarrl")
 OmegaConf.register_new_resolver("grammarrl.task_name", run_task_name, replace=True)
 
-# mode -> "module:function"; each function takes the composed config.
+# mode -> "module:function"; each function takes the composed config, and what the pre-flight
+# check found for it as keywords (`preflight`: train's `resume`).
 MODE_HANDLERS = {
     "prepare": "grammarrl.prepare:run_prepare",
     "eval": "grammarrl.evaluate:run_eval",
