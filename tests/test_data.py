@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 
 import numpy as np
@@ -289,6 +290,32 @@ def test_hint_index_caches_on_disk_keyed_by_k(tmp_path):
     assert third.path != first.path
     assert third.get("my cat") == {"animals": ["cat"], "tools": ["hammer"]}
     assert all(is_query for _, is_query in calls[n_calls:])
+
+
+def test_two_processes_filling_one_hint_cache_at_once_both_succeed(tmp_path, monkeypatch):
+    """DDP ranks start their first step together and fill the same hint cache: here the other
+    rank writes its whole cache between this one's write and rename. With one shared staging
+    file (`<cache>.tmp`), the other rank renamed it away and this one crashed."""
+    vocab = {"animals": ["cat", "dog"]}
+
+    def encoder(texts, is_query):
+        return np.eye(2, dtype=np.float32)[[len(t) % 2 for t in texts]]
+
+    this, other = (
+        HintIndex("demo", vocab, 1, "fake", tmp_path, "key", encoder=encoder) for _ in "ab"
+    )
+    real_replace, interleaved = os.replace, []
+
+    def replace(source, target):
+        if not interleaved:
+            interleaved.append(target)
+            other.ensure(["my cat"])
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert this.ensure(["my cat"]) == 1
+    assert interleaved and this.get("my cat") == other.get("my cat") == {"animals": ["cat"]}
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
 
 
 def test_minilm_hints_on_the_conll_sample(tmp_path):

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from grammarrl.atomic import atomic_write
 from grammarrl.data.sources import fingerprint
 from grammarrl.errors import DataError
 
@@ -162,10 +163,8 @@ class HintIndex:
                     group: self._encode([self.display(item) for item in items], False)
                     for group, items in self.vocabularies.items()
                 }
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path.with_suffix(".tmp"), "wb") as handle:
-                    np.savez(handle, **self._vectors)
-                os.replace(path.with_suffix(".tmp"), path)
+                vectors = self._vectors
+                atomic_write(path, lambda handle: np.savez(handle, **vectors), binary=True)
         return self._vectors
 
     def ensure(self, texts: Sequence[str], batch_size: int = 256) -> int:
@@ -195,10 +194,11 @@ class HintIndex:
         return len(missing)
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        staging = self.path.with_suffix(".tmp")
-        staging.write_text(json.dumps(self._load_table(), ensure_ascii=False), encoding="utf-8")
-        os.replace(staging, self.path)
+        """Write the table through a temp file of this process's own (`atomic_write`): DDP
+        ranks fill the same cache at the same moment, and a shared staging name let one
+        rename the other's file away mid-write."""
+        table = json.dumps(self._load_table(), ensure_ascii=False)
+        atomic_write(self.path, lambda handle: handle.write(table))
 
     def get(self, text: str) -> dict[str, list[str]]:
         """The hints of one input: {vocabulary name: k nearest items}."""
