@@ -106,6 +106,7 @@ def compare(
         "sigma_reverse": sigma_reverse,
         "num_test_sets": len(trained["scores"]),
         "test_size": trained.get("test_size"),
+        "test_set_drawing": trained.get("test_set_drawing", "seed_plus_index"),
         "distinct_examples": len(before),
         "frozen": systems["frozen"],
         "trained": systems["trained"],
@@ -210,9 +211,15 @@ def _describe_sets(summary: Mapping[str, Any]) -> str:
     if sets == 1:
         return f"one test set of {size} examples"
     overlap = " (they overlap)" if distinct < sets * (size or 0) else ""
+    drawing = summary.get("test_set_drawing", "seed_plus_index")
+    how = (
+        "cut from the test pool in one fixed order (eval.test_set_drawing=disjoint)"
+        if drawing == "disjoint"
+        else f"drawn from the test pool with seeds seed+0..{sets - 1}"
+    )
     return (
-        f"{sets} test sets of {size} examples drawn from the test pool with seeds "
-        f"seed+0..{sets - 1}, {distinct} distinct{overlap}; mean ± std over the sets"
+        f"{sets} test sets of {size} examples {how}, {distinct} distinct{overlap}; mean ± std "
+        "over the sets"
     )
 
 

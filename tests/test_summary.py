@@ -67,7 +67,8 @@ def test_summary_files_written(run):
     text = (out / "summary.md").read_text()
     assert data["num_test_sets"] == 2 and data["test_size"] == 3
     assert "| frozen |" in text and "| trained |" in text and "trained − frozen" in text
-    assert "2 test sets of 3 examples" in text
+    assert "2 test sets of 3 examples cut from the test pool in one fixed order" in text
+    assert data["test_set_drawing"] == "disjoint" and "seed+0" not in text
     png = (out / "training.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
