@@ -124,7 +124,8 @@ evidence2-fresh-cpu: venv
 	  $(FRESHRUN) +experiment/variant=baseline_beam hydra.run.dir=$(FRESH)/frozen_beam3 && \
 	  $(FRESHRUN) +experiment/variant=rerank "eval.sampler_seeds=[2]" hydra.run.dir=$(FRESH)/rerank_s2 ) & \
 	wait
-	$(AGG) compare $(FRESH) --out experiments/results/smollm2-cpu-2/fresh-draw
+	$(AGG) compare $(FRESH) --out experiments/results/smollm2-cpu-2/fresh-draw --reference "frozen greedy" \
+	  --reference "Sample-Rerank(10)" --reference "Full IS(10) on Sample-Rerank particles"
 
 # Every CPU-scale table, in dependency order (hours on 2 cores).
 paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \
