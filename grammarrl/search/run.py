@@ -139,12 +139,16 @@ class _Draw:
     populations: dict[str, ParticleSet]
     picks: _Selections
     selected: dict[str, Generation]
-    scores: list[float]
     per_set: list[dict[str, Any]]
     rows: list[dict[str, Any]]
     seconds: float
     potential_seconds: float
     search_tokens: int
+
+    @property
+    def scores(self) -> list[float]:
+        """The metric of each test set."""
+        return [record["value"] for record in self.per_set]
 
 
 def search(
@@ -243,7 +247,7 @@ def _draw(
     rewards = None
     if cfg.eval.score_rewards:
         rewards = output_rewards(model, tokenizer, task, all_examples, selected, progress)
-    scores, per_set, rows = score_test_sets(
+    _, per_set, rows = score_test_sets(
         task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
     )
     return _Draw(
@@ -251,7 +255,6 @@ def _draw(
         populations,
         picks,
         selected,
-        scores,
         per_set,
         rows,
         seconds,
