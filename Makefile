@@ -30,8 +30,10 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# Two pytest-xdist workers of one thread each (tests/conftest.py): measured faster on 2 cores than
+# one process of two threads (docs/architecture.md, "Tests").
 test: lint
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --durations=15
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow and not integration"

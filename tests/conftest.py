@@ -11,6 +11,14 @@ from omegaconf import DictConfig
 
 from grammarrl.tasks import builtin_task_names
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per pytest-xdist worker (`make test` runs two on two cores): two workers with two
+    # torch threads each slow each other several-fold. Jobs the tests start inherit it.
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 BUILTIN_TASKS = builtin_task_names()  # every conf/task/*.yaml but custom: tests cover each
 
@@ -22,6 +30,22 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 REPO = Path(__file__).resolve().parents[1]
+# Tests read the small bundled samples (`data.dir` null), the same with or without the real data
+# (the real CoNLL pool costs minutes of hint embedding per fresh cache), and so do the jobs they
+# start; tests marked `slow` get the real data back, and take it from `real_data_dir`. The value
+# moves to a variable of the tests' own, which pytest-xdist's workers (started after this module
+# is imported here) inherit.
+_KEPT = "GRAMMARRL_TESTS_REAL_DATA_DIR"
+os.environ.setdefault(_KEPT, os.environ.pop("GRAMMARRL_DATA_DIR", ""))
+REAL_DATA_DIR = os.environ[_KEPT] or None
+
+
+@pytest.fixture(autouse=True)
+def real_data_only_when_slow(request, monkeypatch):
+    if REAL_DATA_DIR and request.node.get_closest_marker("slow") is not None:
+        monkeypatch.setenv("GRAMMARRL_DATA_DIR", REAL_DATA_DIR)
+
+
 RUN_FOLDERS = ("outputs", "multirun")  # where Hydra writes runs by default, relative to the cwd
 
 
@@ -90,7 +114,7 @@ def tiny(cache_dir):
 @pytest.fixture(scope="session")
 def real_data_dir() -> Path:
     """The real data directory (GRAMMARRL_DATA_DIR), or skip with a visible reason."""
-    value = os.environ.get("GRAMMARRL_DATA_DIR")
+    value = REAL_DATA_DIR
     if not value or not Path(value).is_dir():
         pytest.skip("real data not found: set GRAMMARRL_DATA_DIR (CI sets it to ../shared/data)")
     return Path(value)

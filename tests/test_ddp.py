@@ -32,7 +32,7 @@ DDP = [
 
 
 def train(run_dir: Path, probe: Path, steps: int) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
+    env = dict(os.environ)
     done = subprocess.run(
         [
             sys.executable,

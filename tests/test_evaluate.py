@@ -245,7 +245,6 @@ def test_run_eval_with_an_adapter(tiny, tmp_path, monkeypatch):
 def test_cli_writes_into_the_hydra_run_dir(tmp_path, cache_dir):
     out = tmp_path / "run"
     env = dict(os.environ, GRAMMARRL_CACHE_DIR=str(cache_dir), OMP_NUM_THREADS="1")
-    env.pop("GRAMMARRL_DATA_DIR", None)
     proc = subprocess.run(
         [sys.executable, "-m", "grammarrl.run", "mode=eval", "model=tiny", "task=wos",
          "data.dir=null", "logger=none", "device=cpu", "eval.num_test_sets=2",

@@ -17,7 +17,7 @@ TINY = ["+experiment=tiny_scale"]  # conf/experiment/tiny_scale.yaml: tiny model
 
 
 def run_sweep(sweep_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}  # bundled samples
+    env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run(
         [

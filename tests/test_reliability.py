@@ -58,7 +58,7 @@ TINY_TRAIN = [
 
 
 def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}  # bundled samples
+    env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     return env
 
@@ -205,7 +205,6 @@ def test_each_sweep_job_logs_its_own_finished_wandb_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(wandb, "init", init)
     monkeypatch.setattr(Run, "finish", finish)
-    monkeypatch.delenv("GRAMMARRL_DATA_DIR", raising=False)
     monkeypatch.setattr(
         sys,
         "argv",

@@ -44,7 +44,7 @@ def command(run_dir: Path) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}  # bundled samples
+    e = dict(os.environ)
     e["OMP_NUM_THREADS"] = "1"
     return e
 

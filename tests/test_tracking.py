@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_job(run_dir: Path, *overrides: str) -> Path:
     """Run one tiny job with W&B offline into `run_dir`; returns its offline W&B run folder."""
-    env = {k: v for k, v in os.environ.items() if k != "GRAMMARRL_DATA_DIR"}
+    env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", WANDB_MODE="offline")
     done = subprocess.run(
         [
