@@ -324,7 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     from grammarrl.models import resolve_device, resolve_dtype
 
     quiet_logging()
-    tests = None if args.skip_tests else run_cuda_tests(assets)
     mode = "tiny" if args.tiny else "full"
     sizes = MODES[mode]
     data = device_setup.real_data(assets)
@@ -338,15 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.assets = assets
     cfg = bench.config()
     device = resolve_device(cfg.device)
-    module, step = rl_steps(bench, assets)
-    evaluation = greedy_eval(bench, module, sizes)
-    cascade = supports_cascade(module.policy)
-    del module
-    release_memory()
     out = Path(
         args.out or device_setup.REPO / "benchmarks" / "results" / f"device-{gpu_slug()}.json"
     )
-    report = {
+    report: dict[str, Any] = {
         "mode": mode,
         "machine": machine(),
         "settings": {
@@ -357,21 +351,37 @@ def main(argv: list[str] | None = None) -> int:
             "device": device.type,
             "dtype": str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch."),
             "prompts": "real CoNLL (carried)" if data else "bundled samples",
-            "cascade_attention": cascade,
             "packages": package_versions(),
             "overrides": overrides,
         },
         "setup": {"seconds": round(setup_s, 1), "installed": installed},
-        "tests": tests,
-        "rl_step": step,
-        "eval": evaluation,
         "paper_step_s": list(PAPER_STEP_S),
         "goal_step_s": [round(s * GOAL_SHARE, 1) for s in PAPER_STEP_S],
-        "total_s": round(time.perf_counter() - started, 1),
         "out": str(out),
     }
-    write_json(out, report)
+
+    def save(done: str) -> None:
+        """Write what is measured so far (a later section that fails keeps the earlier ones)."""
+        report["total_s"] = round(time.perf_counter() - started, 1)
+        write_json(out, report)
+        print(f"[{report['total_s']:6.1f} s] {done}", flush=True)
+
+    try:
+        report["tests"] = None if args.skip_tests else run_cuda_tests(assets)
+        save("cuda tests" if report["tests"] is not None else "cuda tests left out")
+        module, report["rl_step"] = rl_steps(bench, assets)
+        report["settings"]["cascade_attention"] = supports_cascade(module.policy)
+        save(f"{STEPS} RL steps")
+        report["eval"] = greedy_eval(bench, module, sizes)
+        del module
+        release_memory()
+        save("greedy evaluation")
+    except Exception as err:
+        report["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
+        save(f"stopped: {report['error'][:200]}")
+        raise
     print(table(report))
+    tests = report["tests"]
     failed = tests is not None and (tests["failed"] or tests["returncode"] not in (0, 5))
     return 1 if failed else 0
 
