@@ -25,6 +25,7 @@ decoder masks any padded vocabulary, so every matrix keeps Llama's shape."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -98,8 +99,6 @@ def bench_class() -> type:
 
 def run_cuda_tests(assets: Path) -> dict[str, Any]:
     """The `cuda`-marked tests in a pytest subprocess: counts, seconds, the failures' names."""
-    import os
-
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"

@@ -137,6 +137,17 @@ def test_load_model_on_cuda(cuda_present, cache_dir, monkeypatch):
     assert model.get_output_embeddings().weight.dtype == torch.float32
 
 
+def test_device_check_policy_in_half_precision_has_a_float32_head():
+    """benchmarks/device.py:random_model in bfloat16 (what `auto` gives on CUDA): half-precision
+    weights, the float32 head `load_model` gives them, Llama's shapes from the model config."""
+    cfg = compose_config(["model=tiny", "model.dtype=bfloat16", "device=cpu"])
+    model = device.random_model(cfg)
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    head = model.get_output_embeddings().weight
+    assert head.dtype == torch.float32 and head.shape == (49152, cfg.model.hidden_size)
+    assert not model.training
+
+
 @pytest.mark.parametrize(
     ("device_spec", "devices", "expected"),
     [("cuda", 1, ("gpu", 1)), ("cuda:1", 1, ("gpu", [1])), ("cuda", 2, ("gpu", 2))],
