@@ -316,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     installed = device_setup.install(assets)
     setup_s = time.perf_counter() - started
 
+    import torch
+
     from benchmarks.__main__ import quiet_logging
     from benchmarks.common import machine, release_memory
     from grammarrl.atomic import write_json
@@ -323,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     from grammarrl.models import resolve_device, resolve_dtype
 
     quiet_logging()
+    if not args.tiny and not torch.cuda.is_available():
+        parser.error("the full check needs a CUDA device (Llama-3.2-1B's shapes); --tiny on CPU")
     mode = "tiny" if args.tiny else "full"
     sizes = MODES[mode]
     data = device_setup.real_data(assets)
