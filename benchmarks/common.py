@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from grammarrl.chat import encode_prompt
 from grammarrl.config import compose_job_config, validate
+from grammarrl.timing import synchronize
 
 
 @dataclass
@@ -83,11 +84,6 @@ def real_prompts(cfg: DictConfig, tokenizer: Any, count: int) -> tuple[Any, list
     task = load_task(cfg)
     examples = task.test_sets(1, count, cfg.seed)[0]
     return task, [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
-
-
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float], Any]:

@@ -4,7 +4,6 @@ with the best dev metric (the progress bar is `grammarrl.progress.StepProgressBa
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from omegaconf import DictConfig
 
 from grammarrl.atomic import write_json
 from grammarrl.results import config_dict
+from grammarrl.timing import clock
 
 RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
 BEST_DEV_ADAPTER = "adapter-best-dev"  # run-dir entries of `BestDevAdapter`
@@ -34,20 +34,20 @@ class PhaseTimer(L.Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._started = {"step": time.perf_counter()}
+        self._started = {"step": clock()}
 
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        self._started["backward"] = time.perf_counter()
+        self._started["backward"] = clock()
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._backward = time.perf_counter() - self._started["backward"]
+        self._backward = clock() - self._started["backward"]
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        self._started["optimizer"] = time.perf_counter()
+        self._started["optimizer"] = clock()
 
     def on_train_batch_end(
         self,
@@ -57,7 +57,7 @@ class PhaseTimer(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        now = time.perf_counter()
+        now = clock()
         seconds = {
             **pl_module.step_seconds,
             "backward": self._backward,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from grammarrl.rng import gather_objects, rng_states, set_rng_states
 from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
 from grammarrl.tasks.base import Task
+from grammarrl.timing import clock
 from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
@@ -184,9 +184,9 @@ class GrammarRLModule(L.LightningModule):
             out.direct, out.reverse, self.cfg["lambda"], self.sigma_direct, self.sigma_reverse
         )
         policy_train_mode(self.policy, dropout=self.cfg.train.policy_dropout)
-        started = time.perf_counter()
+        started = clock()
         policy_logp = self._policy_logp(out.prompts, out.groups)
-        seconds = {**out.seconds, "policy": time.perf_counter() - started}
+        seconds = {**out.seconds, "policy": clock() - started}
         ref_logp = out.ref_logp.to(policy_logp.device)
         beta, shaped = self.cfg.beta, rewards
         if self.cfg.kl_penalty != "loss":  # β·KL in each candidate's reward, none in the loss

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,7 @@ from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.tasks.base import Task
+from grammarrl.timing import clock
 from grammarrl.types import Example
 
 
@@ -43,7 +43,7 @@ def collect_rollouts(
 
     An empty candidate (a dead end at the first token, or no beam survived) has no tokens to
     score: it is marked invalid and takes no part in rewards, advantages or the loss."""
-    started = time.perf_counter()
+    started = clock()
     prompts = [encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples]
     groups = decoder.rollout(
         prompts,
@@ -53,7 +53,7 @@ def collect_rollouts(
         generator=generator,
         length_penalty=rollout.length_penalty,
     )
-    rolled_out = time.perf_counter()
+    rolled_out = clock()
     scores = [
         scorer.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group])
         for ex, prompt, group in zip(examples, prompts, groups)
@@ -72,5 +72,5 @@ def collect_rollouts(
         reverse=gather([s.reverse for s in scores]),
         ref_logp=gather([s.ref_logp for s in scores]),
         valid=valid,
-        seconds={"rollout": rolled_out - started, "scoring": time.perf_counter() - rolled_out},
+        seconds={"rollout": rolled_out - started, "scoring": clock() - rolled_out},
     )

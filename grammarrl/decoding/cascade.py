@@ -141,6 +141,17 @@ except (AttributeError, RuntimeError):
 _CPU_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def uses_cpu_flash(device_type: str, dtype: torch.dtype, exact_fp32: bool = False) -> bool:
+    """Whether `attention_with_lse` runs torch's CPU flash kernel for queries on `device_type`
+    in `dtype`: on CPU unless `exact_fp32`; on CUDA (and elsewhere) the explicit float32 path."""
+    return (
+        _CPU_FLASH is not None
+        and device_type == "cpu"
+        and not exact_fp32
+        and dtype in _CPU_FLASH_DTYPES
+    )
+
+
 def attention_with_lse(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -153,12 +164,7 @@ def attention_with_lse(
     for query [B, H, Q, D], key / value [B, H, K, D] and an additive mask broadcastable to
     [B, H, Q, K]. On CPU torch's flash-attention kernel (it returns the log-sum-exp); elsewhere,
     or with `exact_fp32`, an explicit float32 computation."""
-    if (
-        _CPU_FLASH is not None
-        and query.device.type == "cpu"
-        and not exact_fp32
-        and (query.dtype in _CPU_FLASH_DTYPES)
-    ):
+    if uses_cpu_flash(query.device.type, query.dtype, exact_fp32):
         out, lse = _CPU_FLASH(query, key, value, 0.0, False, attn_mask=mask, scale=scale)
         return out.float(), lse.float()
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
