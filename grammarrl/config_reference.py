@@ -76,7 +76,7 @@ def _render(value: Any) -> str:
         text = "[" + ", ".join(str(v) for v in value) + "]"
     else:
         text = str(value)
-    return "`" + text.replace("|", "\\|") + "`"
+    return f"`{text}`"
 
 
 def _default_cell(values: dict[str, Any]) -> str:
@@ -92,11 +92,12 @@ def _default_cell(values: dict[str, Any]) -> str:
 
 
 def _escape(text: str) -> str:
-    """`<` and `>` outside code spans as HTML entities (`<run dir>` is not a tag)."""
+    """Outside code spans, `<` and `>` as HTML entities (`<run dir>` is not a tag) and `|`
+    escaped (not a cell border); code spans are left as written (the table keeps them whole)."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):
-        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
-    return "`".join(parts).replace("|", "\\|")
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    return "`".join(parts)
 
 
 def _row(name: str, type_: str, default: str, declared: Key) -> str:
@@ -134,7 +135,7 @@ def _group_section(group: str, configs: dict[str, dict[str, Any]], choice: str |
             values = {"": next(iter(values.values()))}
         default = _default_cell(values) if any(v is not UNSET for v in values.values()) else ""
         rows.append(_row(f"{group}.{f.name}", str(f.type), default, key_of(f)))
-    return "\n".join([f"## `{group}`", "", intro, "", HEADER, *rows])
+    return "\n".join([f"## {group}", "", intro, "", HEADER, *rows])
 
 
 def generate() -> str:
@@ -162,7 +163,7 @@ def generate() -> str:
     return (
         "\n\n".join(
             [
-                "# Config reference",
+                "---\nhide: [navigation]\n---\n\n# Config reference",
                 GENERATED,
                 INTRO,
                 *sections,

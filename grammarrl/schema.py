@@ -354,7 +354,7 @@ SCALARS: dict[str, Key] = {
         "str",
     ),
     "callbacks": Key(
-        "Extra Lightning callbacks by name: {name: {_target_: module.Class, ...}}.", None, "dict"
+        "Extra Lightning callbacks by name: `{name: {_target_: module.Class, ...}}`.", None, "dict"
     ),
 }
 
