@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job on the embedded default (SmolLM2-135M-Instruct, CPU-sized): GrammarRL on the
-# support-ticket triage example, then frozen vs trained (README "Quick start": what it shows, how long).
+# support-ticket triage example, then frozen vs trained (docs/getting-started.md: what it shows, how long).
 run: venv
 	$(PY) -m grammarrl.run +experiment=quickstart
 
