@@ -262,6 +262,21 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
     }
 
 
+def run_sigmas(
+    cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
+) -> tuple[float, float, str]:
+    """(σ_direct, σ_reverse, where they came from) as a training run with this config would use
+    them: from config, calibration file or paper table (`lookup_sigmas`); otherwise calibrated
+    now on the dev inputs and stored."""
+    found = lookup_sigmas(cfg)
+    if found is None:
+        log.info("No σ's for %s under this run's settings: calibrating first", calibration_key(cfg))
+        entry = calibrate(cfg, model, tokenizer, task)
+        store_sigmas(cfg, entry)
+        found = entry["sigma_direct"], entry["sigma_reverse"], "calibrated now"
+    return found
+
+
 UNCERTAIN = 0.1  # a σ whose standard error exceeds this share of it is warned about
 
 

@@ -126,6 +126,17 @@ class SearchSchema:
 
 
 @dataclass
+class DiagnoseSchema:
+    num_inputs: int
+    num_labelled: int
+    num_samples: int
+    lambdas: list[float]
+    batch_size: int
+    min_lift: float
+    blind_below: float
+
+
+@dataclass
 class DataSchema:
     dir: Any
     source: str
@@ -180,6 +191,7 @@ SCHEMAS: dict[str, type] = {
     "eval": EvalSchema,
     "train": TrainSchema,
     "search": SearchSchema,
+    "diagnose": DiagnoseSchema,
     "export": ExportSchema,
     "data": DataSchema,
     "reward": RewardSchema,
