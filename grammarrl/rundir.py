@@ -104,10 +104,10 @@ ADDED = {
     "eval.sampler_seeds": None,  # one draw, seeded with `seed`
     # mode=diagnose's keys (unused by the other modes: `MODE_UNUSED`), at their defaults
     "diagnose.num_inputs": 40,
-    "diagnose.num_labelled": 24,
+    "diagnose.num_labelled": 20,
     "diagnose.num_samples": 10,
     "diagnose.lambdas": [0.0, 0.25, 0.5, 0.75, 1.0],
-    "diagnose.batch_size": 4,
+    "diagnose.batch_size": 8,
     "diagnose.min_lift": 0.02,
     "diagnose.blind_below": 0.6,
 }

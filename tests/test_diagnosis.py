@@ -246,13 +246,18 @@ def test_verdict_with_gold_names_the_lift_the_blind_fields_and_the_lambda():
     )
     assert verdict.text == (
         "Reranking by the reward lifts dev micro_f1 by +0.176 at λ=0.25 (0.220 → 0.396; oracle "
-        "+0.245, on 40 labelled dev inputs): training is likely to help. Over all perturbations "
-        "the combined reward prefers the gold output in 60 of 103 pairs (58%). The reward cannot "
-        "see `urgency` (46% of 24 pairs) or `wants_refund` (17% of 12 pairs): expect them not to "
-        "improve, or drop them. It sees `category` (69% of 48 pairs), `order_id` (76% of 17 "
-        "pairs). Too few pairs to judge: `x`. Recommended λ=0.25: its reward's argmax scores "
-        "best on the 40 labelled dev inputs (0.396; greedy 0.220)."
+        "+0.245, on 40 labelled dev inputs): training is likely to help. On perturbed gold "
+        "outputs, the combined reward at λ=0.25 prefers the gold output in 60 of 103 pairs (58%); "
+        "its reverse term, the part that reads the input, prefers it for `urgency` in 46% of 24 "
+        "pairs and `wants_refund` in 17% of 12 pairs only: the reward cannot see `urgency` or "
+        "`wants_refund`; expect them not to improve, or drop them. It sees `category` (69% of 48 "
+        "pairs), `order_id` (76% of 17 pairs). Too few pairs to judge: `x`. Recommended λ=0.25: "
+        "its reward's argmax scores best on the 40 labelled dev inputs (0.396; greedy 0.220)."
     )
+    # the fields are judged by the reverse term: a direct reward that prefers gold does not count
+    fields = _fields(TICKET_FIELDS, LAMBDAS)
+    fields["urgency"]["direct"] = {"gold_preferred": 24, "ties": 0, "share": 1.0}
+    assert make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6).blind == verdict.blind
 
 
 def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
@@ -276,6 +281,14 @@ def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
         "greedy's, in σ units), and 90% of the groups hold distinct candidates"
     )
     assert "prefers the gold output in the most perturbation pairs (8 of 10)" in none.text
+    assert "prefers it for `category` in 30% of 10 pairs only: the reward cannot see" in none.text
+    fields["category"]["reverse"] = {"gold_preferred": 9, "ties": 0, "share": 0.9}
+    seen = make_verdict(_curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), fields, "f1", 0.5, 0.02, 0.6)
+    assert (seen.blind, seen.seen) == ([], ["category"])
+    assert (
+        "its reverse term, the part that reads the input, prefers it for `category` in 90% of 10 "
+        "pairs: the reward sees every field it could judge." in seen.text
+    )
 
 
 # --------------------------------------------------------------------------- config, the mode

@@ -97,9 +97,9 @@ def markdown(record: dict[str, Any]) -> str:
             (
                 f"{fields['labelled']} labelled rows ({fields['rows']}); each gold output next to "
                 f"{fields['how']}: the share of pairs in which each reward scores the gold output "
-                "higher. Below "
-                f"{settings['blind_below']:.0%} (diagnose.blind_below), the reward cannot see the "
-                "field: training on it moves the field at random or away from gold."
+                "higher. Where the reverse reward (the term that reads the input) prefers gold in fewer "
+                f"than {settings['blind_below']:.0%} of a field's pairs (diagnose.blind_below), the "
+                "reward cannot see the field: training moves it at random, or away from gold."
             ),
             "",
             *fields_table(record),

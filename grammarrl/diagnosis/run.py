@@ -102,7 +102,7 @@ def field_pairs(
 
 def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     """mode=diagnose (module docstring): writes the three files, prints the verdict."""
-    from grammarrl.models import load_model
+    from grammarrl.models import INFERENCE_MMAP_THRESHOLD, load_model, steady_cpu_allocator
     from grammarrl.tasks import load_task
 
     settings = cfg.diagnose
@@ -113,6 +113,8 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     task = load_task(cfg)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     model.eval()
+    if model.device.type == "cpu":
+        steady_cpu_allocator(INFERENCE_MMAP_THRESHOLD)
     seconds["loading"] = time.perf_counter() - started
     sigmas = Sigmas(*run_sigmas(cfg, model, tokenizer, task))
     log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", sigmas.direct, sigmas.reverse, sigmas.source)

@@ -1,6 +1,12 @@
 """The diagnosis in plain words: will training help, which fields the reward cannot see, and
 the λ to train with, and why. Pure functions of the λ curve (`selection.lambda_curve`) and the
-per-field concordance (`concordance.concordance`)."""
+per-field concordance (`concordance.concordance`).
+
+A field is judged by the reverse reward, the term that reads the input: the direct reward scores
+an output by the model's own likelihood, which greedy decoding already follows, so its preference
+teaches the policy nothing new about the input. A field whose perturbations the reverse reward
+scores above gold about as often as below is one training cannot improve, and at a high λ may
+move away from gold."""
 
 from __future__ import annotations
 
@@ -66,25 +72,25 @@ def recommend_lambda(
 
 
 def judge_fields(
-    fields: dict[str, Any] | None, lam: float, blind_below: float
+    fields: dict[str, Any] | None, blind_below: float
 ) -> tuple[list[str], list[str], list[str]]:
-    """(blind, seen, few): the fields whose pairs the combined reward at λ prefers gold in less
-    than `blind_below` of, at least that often, and those with fewer than `MIN_PAIRS` pairs."""
+    """(blind, seen, few): the fields whose pairs the reverse reward prefers gold in less than
+    `blind_below` of, at least that often, and those with fewer than `MIN_PAIRS` pairs."""
     blind, seen, few = [], [], []
     for name, row in (fields or {}).items():
         if name == ALL:
             continue
         if row["pairs"] < MIN_PAIRS:
             few.append(name)
-        elif row["combined"][str(lam)]["share"] < blind_below:
+        elif row["reverse"]["share"] < blind_below:
             blind.append(name)
         else:
             seen.append(name)
     return blind, seen, few
 
 
-def _field_share(fields: dict[str, Any], name: str, lam: float) -> str:
-    return f"{fields[name]['combined'][str(lam)]['share']:.0%} of {fields[name]['pairs']} pairs"
+def _field_share(fields: dict[str, Any], name: str) -> str:
+    return f"{fields[name]['reverse']['share']:.0%} of {fields[name]['pairs']} pairs"
 
 
 def _name(name: str) -> str:
@@ -126,7 +132,12 @@ def _metric_sentence(
 
 
 def _fields_sentence(
-    fields: dict[str, Any] | None, lam: float, blind: list[str], seen: list[str], few: list[str]
+    fields: dict[str, Any] | None,
+    lam: float,
+    blind_below: float,
+    blind: list[str],
+    seen: list[str],
+    few: list[str],
 ) -> str:
     if not fields or not fields[ALL]["pairs"]:
         return (
@@ -136,21 +147,29 @@ def _fields_sentence(
     overall = fields[ALL]["combined"][str(lam)]
     parts = [
         (
-            f"Over all perturbations the combined reward prefers the gold output in "
-            f"{overall['gold_preferred']} of {fields[ALL]['pairs']} pairs ({overall['share']:.0%})."
+            f"On perturbed gold outputs, the combined reward at λ={lam:g} prefers the gold output "
+            f"in {overall['gold_preferred']} of {fields[ALL]['pairs']} pairs ({overall['share']:.0%});"
+            " its reverse term, the part that reads the input,"
         )
     ]
     if WHOLE in blind:
         parts.append(
-            f"The reward cannot tell the gold output from other outputs "
-            f"({_field_share(fields, WHOLE, lam)}): expect training not to improve it."
+            f"prefers it in {_field_share(fields, WHOLE)} only: the reward cannot tell the gold "
+            "output from other outputs; expect training not to improve it."
         )
     elif blind:
-        listed = " or ".join(f"`{name}` ({_field_share(fields, name, lam)})" for name in blind)
+        listed = " and ".join(f"`{name}` in {_field_share(fields, name)}" for name in blind)
         it = "them" if len(blind) > 1 else "it"
-        parts.append(f"The reward cannot see {listed}: expect {it} not to improve, or drop {it}.")
-    if seen:
-        listed = ", ".join(f"{_name(name)} ({_field_share(fields, name, lam)})" for name in seen)
+        parts.append(
+            f"prefers it for {listed} only: the reward cannot see "
+            f"{' or '.join(f'`{name}`' for name in blind)}; expect {it} not to improve, or drop "
+            f"{it}."
+        )
+    else:
+        listed = " and ".join(f"`{name}` in {_field_share(fields, name)}" for name in seen)
+        parts.append(f"prefers it for {listed}: the reward sees every field it could judge.")
+    if blind and seen:
+        listed = ", ".join(f"{_name(name)} ({_field_share(fields, name)})" for name in seen)
         parts.append(f"It sees {listed}.")
     if few:
         parts.append(f"Too few pairs to judge: {', '.join(_name(n) for n in few)}.")
@@ -168,8 +187,12 @@ def make_verdict(
     """The verdict (module docstring)."""
     lam, why = recommend_lambda(curve, fields, default_lambda)
     outlook, first = _metric_sentence(curve, metric, lam, min_lift)
-    blind, seen, few = judge_fields(fields, lam, blind_below)
+    blind, seen, few = judge_fields(fields, blind_below)
     text = " ".join(
-        [first, _fields_sentence(fields, lam, blind, seen, few), f"Recommended λ={lam:g}: {why}."]
+        [
+            first,
+            _fields_sentence(fields, lam, blind_below, blind, seen, few),
+            f"Recommended λ={lam:g}: {why}.",
+        ]
     )
     return Verdict(outlook, text, lam, why, blind, seen, few)
