@@ -169,10 +169,11 @@ def plot(record: dict[str, Any], path: Path) -> Path:
     right.axhline(record["settings"]["blind_below"], color="grey", linestyle="--", linewidth=1)
     right.set_xticks(range(len(names)), [f"{n}\n({table[n]['pairs']})" for n in names], fontsize=8)
     right.set(
-        ylim=(0, 1), ylabel="pairs where gold is preferred", title="which fields the reward sees"
+        ylim=(0, 1.2), ylabel="pairs where gold is preferred", title="which fields the reward sees"
     )
+    right.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     if names:
-        right.legend(fontsize=8)
+        right.legend(fontsize=8, loc="upper center", ncol=3)
     for ax in (left, right):
         ax.grid(alpha=0.3)
     return save_figure(fig, path)
