@@ -95,9 +95,10 @@ def read_table(path: Path) -> dict[str, Any]:
 
 
 def check_calibration_file(cfg: DictConfig) -> None:
-    """Pre-flight: a job that will read the calibration file (mode=calibrate, or train
-    without both `reward.sigma_*`) finds it readable before any model loads."""
-    wanted = cfg.mode == "train" and None in (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    """Pre-flight: a job that will read the calibration file (mode=calibrate, or train and
+    diagnose without both `reward.sigma_*`) finds it readable before any model loads."""
+    unset = None in (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    wanted = cfg.mode in ("train", "diagnose") and unset
     if wanted or cfg.mode == "calibrate":
         read_table(calibration_file(cfg))
 
