@@ -95,9 +95,10 @@ def read_table(path: Path) -> dict[str, Any]:
 
 
 def check_calibration_file(cfg: DictConfig) -> None:
-    """Pre-flight: a job that will read the calibration file (mode=calibrate, or train
-    without both `reward.sigma_*`) finds it readable before any model loads."""
-    wanted = cfg.mode == "train" and None in (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    """Pre-flight: a job that will read the calibration file (mode=calibrate, or train and
+    diagnose without both `reward.sigma_*`) finds it readable before any model loads."""
+    unset = None in (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    wanted = cfg.mode in ("train", "diagnose") and unset
     if wanted or cfg.mode == "calibrate":
         read_table(calibration_file(cfg))
 
@@ -260,6 +261,21 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
         "measured_in": str(measured_in) if measured_in is not None else None,
         **calibration_conditions(cfg),
     }
+
+
+def run_sigmas(
+    cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
+) -> tuple[float, float, str]:
+    """(σ_direct, σ_reverse, where they came from) as a training run with this config would use
+    them: from config, calibration file or paper table (`lookup_sigmas`); otherwise calibrated
+    now on the dev inputs and stored."""
+    found = lookup_sigmas(cfg)
+    if found is None:
+        log.info("No σ's for %s under this run's settings: calibrating first", calibration_key(cfg))
+        entry = calibrate(cfg, model, tokenizer, task)
+        store_sigmas(cfg, entry)
+        found = entry["sigma_direct"], entry["sigma_reverse"], "calibrated now"
+    return found
 
 
 UNCERTAIN = 0.1  # a σ whose standard error exceeds this share of it is warned about

@@ -217,6 +217,7 @@ def validate(cfg: DictConfig) -> None:
     _check_task_and_model(typed["task"], typed["model"])
     _check_training(cfg, typed)
     _check_evaluation(cfg.mode, typed["eval"], typed["search"])
+    _check_diagnose(typed["diagnose"])
     logger = typed["logger"]
     _check(logger.name in LOGGERS, "logger", logger.name, f"one of {', '.join(LOGGERS)}")
     _check(
@@ -372,6 +373,28 @@ def _check_evaluation(mode: str, ev: Any, search: Any) -> None:
         "search.posterior_draws",
         search.posterior_draws,
         "an integer >= 0",
+    )
+
+
+def _check_diagnose(diagnose: Any) -> None:
+    """mode=diagnose's sizes, λ's and thresholds."""
+    for key in ("num_inputs", "num_labelled", "num_samples", "batch_size"):
+        _check(diagnose[key] >= 1, f"diagnose.{key}", diagnose[key], "an integer >= 1")
+    lambdas = list(diagnose.lambdas)
+    _check(
+        bool(lambdas)
+        and all(0.0 <= lam <= 1.0 for lam in lambdas)
+        and len(set(lambdas)) == len(lambdas),
+        "diagnose.lambdas",
+        lambdas,
+        "a non-empty list of distinct numbers in [0, 1], e.g. [0, 0.25, 0.5, 0.75, 1]",
+    )
+    _check(diagnose.min_lift >= 0, "diagnose.min_lift", diagnose.min_lift, "a number >= 0")
+    _check(
+        0.0 <= diagnose.blind_below <= 1.0,
+        "diagnose.blind_below",
+        diagnose.blind_below,
+        "a share in [0, 1]",
     )
 
 

@@ -47,6 +47,7 @@ MODE_HANDLERS = {
     "calibrate": "grammarrl.calibration:run_calibrate",
     "train": "grammarrl.train:run_train",
     "search": "grammarrl.search.run:run_search",
+    "diagnose": "grammarrl.diagnosis.run:run_diagnose",
     "export": "grammarrl.export:run_export",
 }
 

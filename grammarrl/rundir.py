@@ -42,12 +42,33 @@ log = logging.getLogger(__name__)
 
 RECORD = "job.json"
 COMPLETED = "results.json"  # written last by the modes that score outputs
-RECORDED_MODES = ("train", "eval", "search", "calibrate")  # modes that write into the run dir
-SKIPPABLE_MODES = ("train", "eval", "search")
+COMPLETED_BY_MODE = {"diagnose": "diagnosis.json"}  # modes that write another file last
+# modes that write into the run dir
+RECORDED_MODES = ("train", "eval", "search", "calibrate", "diagnose")
+SKIPPABLE_MODES = ("train", "eval", "search", "diagnose")
 # Keys that change no number a job writes: never compared.
 BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume", "task._target_")
-# Keys that change no number of a mode's jobs: not compared for it.
-MODE_UNUSED = {mode: ("eval.sampler_seeds",) for mode in ("train", "eval", "calibrate")}
+# Keys that change no number of a mode's jobs: not compared for it. mode=diagnose decodes and
+# scores with the frozen model only: training's, evaluation's and search's keys do not reach it.
+MODE_UNUSED = {
+    **{mode: ("eval.sampler_seeds", "diagnose") for mode in ("train", "eval", "calibrate")},
+    "search": ("diagnose",),
+    "diagnose": (
+        "beta",
+        "kl_penalty",
+        "lora",
+        "optim.lr",
+        "optim.weight_decay",
+        "task.lr",
+        "task.max_steps",
+        "train",
+        "trainer",
+        "callbacks",
+        "eval",
+        "search",
+        "export",
+    ),
+}
 # Keys a training run may change and still continue from its checkpoint (logged when changed).
 # Its σ's come from the checkpoint, so where the calibration file lives does not matter either.
 CONTINUABLE = (
@@ -81,6 +102,14 @@ ADDED = {
     "kl_penalty": "loss",
     "eval.test_set_drawing": "seed_plus_index",
     "eval.sampler_seeds": None,  # one draw, seeded with `seed`
+    # mode=diagnose's keys (unused by the other modes: `MODE_UNUSED`), at their defaults
+    "diagnose.num_inputs": 40,
+    "diagnose.num_labelled": 20,
+    "diagnose.num_samples": 10,
+    "diagnose.lambdas": [0.0, 0.25, 0.5, 0.75, 1.0],
+    "diagnose.batch_size": 8,
+    "diagnose.min_lift": 0.02,
+    "diagnose.blind_below": 0.6,
 }
 # Keys split off another since (new -> old): a config recorded before ran with the old key's value.
 SPLIT_FROM = {"train.seed": "seed", "reward.calibration_seed": "seed"}
@@ -94,6 +123,7 @@ OUTPUTS = (
     "validation.jsonl",
     "calibration.json",
     "timing.json",
+    "diagnosis*",
 )
 HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
 
@@ -228,10 +258,10 @@ def outputs(out: Path, patterns: Sequence[str] = OUTPUTS) -> list[Path]:
     return sorted({p for pattern in patterns for p in out.glob(pattern)})
 
 
-def stored_results(out: Path) -> dict[str, Any] | None:
-    """The directory's readable `results.json`, else None."""
+def stored_results(out: Path, name: str = COMPLETED) -> dict[str, Any] | None:
+    """The directory's readable `results.json` (or the file `name`), else None."""
     try:
-        return json.loads((out / COMPLETED).read_text())
+        return json.loads((out / name).read_text())
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -256,7 +286,8 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
     changed = differing_keys(record["config"], new, (*BOOKKEEPING, *MODE_UNUSED.get(cfg.mode, ())))
     machine = machine_differences(record, stored_results(out), resolved_settings(cfg))
     if not changed and not machine:
-        done = stored_results(out) if cfg.mode in SKIPPABLE_MODES else None
+        completed = COMPLETED_BY_MODE.get(cfg.mode, COMPLETED)
+        done = stored_results(out, completed) if cfg.mode in SKIPPABLE_MODES else None
         if done is not None and cfg.skip_completed:
             log.warning(
                 "Skipping this job: %s holds its results under the same settings "

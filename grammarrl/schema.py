@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 # Allowed values of the keys that take one of a fixed set (checked by `grammarrl.config`).
-MODES = ("train", "eval", "calibrate", "search", "prepare", "export")
+MODES = ("train", "eval", "calibrate", "search", "diagnose", "prepare", "export")
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 MODEL_SOURCES = ("hub", "embedded", "tiny")
 KL_PENALTIES = ("loss", "reward", "grammar")  # where beta's term enters: grammarrl.rloo
@@ -248,6 +248,27 @@ class SearchSchema:
 
 
 @dataclass
+class DiagnoseSchema:
+    num_inputs: int = key("K dev inputs decoded, greedy plus num_samples constrained samples each.")
+    num_labelled: int = key(
+        "Labelled rows whose gold output is perturbed field by field (dev rows with gold, else "
+        "training rows)."
+    )
+    num_samples: int = key("M constrained samples per dev input, at rollout.temperature.")
+    lambdas: list[float] = key(
+        "The reward mixings compared: the argmax of (1-λ)·R_direct/σ_d + λ·R_reverse/σ_r per input."
+    )
+    batch_size: int = key("Dev inputs decoded together (each with 1 + num_samples rows).")
+    min_lift: float = key(
+        "A lift of the dev metric by reranking below this is called within noise."
+    )
+    blind_below: float = key(
+        "A field whose pairs the reverse reward prefers gold in fewer than this share of is one "
+        "the reward cannot see."
+    )
+
+
+@dataclass
 class DataSchema:
     dir: Any = key(
         "The data directory; default $GRAMMARRL_DATA_DIR, else the bundled samples (null)."
@@ -320,6 +341,7 @@ SCHEMAS: dict[str, type] = {
     "eval": EvalSchema,
     "train": TrainSchema,
     "search": SearchSchema,
+    "diagnose": DiagnoseSchema,
     "export": ExportSchema,
     "data": DataSchema,
     "reward": RewardSchema,

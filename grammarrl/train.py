@@ -15,7 +15,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig
 
 from grammarrl.atomic import AtomicWriteError, atomic_write, write_jsonl
-from grammarrl.calibration import calibrate, calibration_key, lookup_sigmas, store_sigmas
+from grammarrl.calibration import run_sigmas
 from grammarrl.callbacks import (
     RUN_RECORD,
     BestDevAdapter,
@@ -55,12 +55,7 @@ def resolve_sigmas(
     if resume is not None:
         found = (*resume.sigmas, f"the checkpoint {resume.path}")
     else:
-        found = lookup_sigmas(cfg)
-    if found is None:
-        log.info("No σ's for %s under this run's settings: calibrating first", calibration_key(cfg))
-        entry = calibrate(cfg, model, tokenizer, task)
-        store_sigmas(cfg, entry)
-        found = entry["sigma_direct"], entry["sigma_reverse"], "calibrated now"
+        found = run_sigmas(cfg, model, tokenizer, task)
     sigma_direct, sigma_reverse, source = found
     log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", sigma_direct, sigma_reverse, source)
     return sigma_direct, sigma_reverse

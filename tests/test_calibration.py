@@ -257,7 +257,7 @@ def test_a_corrupt_calibration_file_is_named_before_any_model_loads_and_kept(tmp
     monkeypatch.setattr("grammarrl.models.load_model", loaded)
     monkeypatch.setattr("grammarrl.train.load_model", loaded)
     monkeypatch.chdir(tmp_path)  # a run that got through would write its outputs here
-    for mode in ("train", "calibrate"):
+    for mode in ("train", "calibrate", "diagnose"):
         job = _cfg(tmp_path, "model=tiny", "logger=none", f"mode={mode}")
         with pytest.raises(ConfigError, match="^reward.calibration_file=") as err:
             dispatch(job)

@@ -106,11 +106,18 @@ class ConstrainedDecoder(ModelForward):
         num_samples: int,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        with_greedy: bool = False,
     ) -> list[list[Generation]]:
+        """Per prompt: `num_samples` samples; `with_greedy`: the greedy output first, decoded
+        with them (one prefill, one batch of rows: the candidate groups of `mode=diagnose`)."""
         outs = self._decode(
-            prompts, num_samples=num_samples, temperature=temperature, generator=generator
+            prompts,
+            greedy=with_greedy,
+            num_samples=num_samples,
+            temperature=temperature,
+            generator=generator,
         )
-        return [o.samples for o in outs]
+        return [o.greedy + o.samples for o in outs]
 
     def beam(
         self, prompts: list[list[int]], beam_width: int, length_penalty: float = 0.0

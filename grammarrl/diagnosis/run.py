@@ -1,0 +1,208 @@
+"""mode=diagnose: will GrammarRL help on this task, with this model? Minutes on the frozen model
+instead of hours of training (docs/diagnose.md).
+
+    python -m grammarrl.run mode=diagnose task=custom task.spec=examples/support_tickets/task.yaml
+
+1. The σ's as training would use them (config, calibration file, paper table; else calibrated
+   on the dev inputs now and stored, as training does).
+2. On K dev inputs (`diagnose.num_inputs`: the dev split, then the dev reserve, as validation
+   slices take them), greedy + M constrained samples (`diagnose.num_samples`), each scored with
+   R_direct and R_reverse: the metric of greedy, of the oracle and of the reward's argmax per λ
+   (`diagnose.lambdas`) over the inputs with gold outputs; the reward gap and how often the
+   argmax moves without them.
+3. On up to `diagnose.num_labelled` labelled rows (the dev rows with gold outputs, else the labelled training rows;
+   never test rows), each gold output next to its perturbations (`perturb`): how often each
+   reward prefers gold, per field.
+4. The verdict and the recommended λ (`verdict`); diagnosis.md, diagnosis.json, diagnosis.png.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from grammarrl.calibration import run_sigmas
+from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.diagnosis.candidates import decoded_groups, written_group
+from grammarrl.diagnosis.concordance import Pair, concordance, pairs_of
+from grammarrl.diagnosis.perturb import Perturber
+from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
+from grammarrl.diagnosis.selection import Sigmas, lambda_curve
+from grammarrl.diagnosis.verdict import make_verdict
+from grammarrl.results import config_dict, dtype_name
+from grammarrl.rewards import ReferenceScorer
+from grammarrl.rundir import run_dir
+from grammarrl.tasks.base import Task
+from grammarrl.tasks.grammar_check import GrammarChecker
+from grammarrl.types import Example
+
+log = logging.getLogger(__name__)
+
+
+def dev_inputs(task: Task, count: int) -> list[Example]:
+    """The first `count` dev inputs: the dev split, then the dev reserve (as validation)."""
+    splits = task.splits()
+    return (splits.dev + splits.dev_reserve)[:count]
+
+
+def labelled_rows(task: Task, count: int) -> tuple[list[Example], str]:
+    """Up to `count` rows with gold outputs: the dev ones, else the training ones (never test
+    rows); and which they are, in words."""
+    splits = task.splits()
+    dev = [ex for ex in splits.dev + splits.dev_reserve if ex.target]
+    if dev:
+        return dev[:count], "dev rows with gold outputs"
+    train = [ex for ex in splits.train if ex.target][:count]
+    if train:
+        return train, "the first labelled training rows: the dev rows have no gold outputs"
+    return [], "no dev or training row has a gold output"
+
+
+def field_pairs(
+    task: Task,
+    scorer: ReferenceScorer,
+    tokenizer: Any,
+    rows: list[Example],
+    perturber: Perturber,
+    progress: bool = True,
+) -> tuple[list[Pair], list[dict[str, Any]]]:
+    """Each row's gold output and perturbations, scored: the pairs and their rows for the file."""
+    from tqdm.auto import tqdm
+
+    pairs: list[Pair] = []
+    records = []
+    for ex in tqdm(rows, desc="diagnose: perturbations", unit="row", disable=not progress):
+        perturbations = perturber(ex.target, ex.input)
+        if not perturbations:
+            continue
+        group = written_group(
+            scorer, tokenizer, task, ex, [ex.target, *(p.text for p in perturbations)]
+        )
+        found = pairs_of(group, perturbations)
+        pairs += found
+        records += [
+            {
+                "part": "pair",
+                "uid": ex.uid,
+                "field": pair.perturbation.field,
+                "kind": pair.perturbation.kind,
+                "gold": ex.target,
+                "perturbed": pair.perturbation.text,
+                "gold_rewards": pair.gold,
+                "perturbed_rewards": pair.other,
+            }
+            for pair in found
+        ]
+    return pairs, records
+
+
+def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
+    """mode=diagnose (module docstring): writes the three files, prints the verdict."""
+    from grammarrl.models import INFERENCE_MMAP_THRESHOLD, load_model, steady_cpu_allocator
+    from grammarrl.tasks import load_task
+
+    settings = cfg.diagnose
+    lambdas = [float(lam) for lam in settings.lambdas]
+    out = run_dir(cfg)
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    task = load_task(cfg)
+    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
+    model.eval()
+    if model.device.type == "cpu":
+        steady_cpu_allocator(INFERENCE_MMAP_THRESHOLD)
+    seconds["loading"] = time.perf_counter() - started
+    sigmas = Sigmas(*run_sigmas(cfg, model, tokenizer, task))
+    log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", sigmas.direct, sigmas.reverse, sigmas.source)
+    seconds["σ's"] = time.perf_counter() - started - sum(seconds.values())
+
+    inputs = dev_inputs(task, int(settings.num_inputs))
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    scorer = ReferenceScorer(model, tokenizer, task)
+    groups = decoded_groups(
+        decoder,
+        scorer,
+        tokenizer,
+        task,
+        inputs,
+        int(settings.num_samples),
+        float(cfg.rollout.temperature),
+        int(settings.batch_size),
+        torch.Generator().manual_seed(int(cfg.seed)),
+    )
+    curve = {"rows": "the dev split", **lambda_curve(task, groups, lambdas, sigmas)}
+    seconds["candidates"] = time.perf_counter() - started - sum(seconds.values())
+
+    rows, which = labelled_rows(task, int(settings.num_labelled))
+    perturber = Perturber(
+        task,
+        GrammarChecker(task.grammar(), tokenizer).accepts,
+        [ex.target for ex in rows],
+        int(cfg.seed),
+    )
+    pairs, pair_records = field_pairs(task, scorer, tokenizer, rows, perturber)
+    fields = concordance(pairs, lambdas, sigmas) if pairs else None
+    seconds["perturbations"] = time.perf_counter() - started - sum(seconds.values())
+
+    verdict = make_verdict(
+        curve,
+        fields,
+        task.metric_name,
+        float(cfg["lambda"]),
+        float(settings.min_lift),
+        float(settings.blind_below),
+    )
+    record = {
+        "task": task.name,
+        "model": cfg.model.name,
+        "metric": task.metric_name,
+        "device": str(decoder.device),
+        "dtype": dtype_name(model),
+        "verdict": vars(verdict),
+        "sigmas": vars(sigmas),
+        "settings": {
+            **{
+                k: settings[k]
+                for k in ("num_inputs", "num_labelled", "num_samples", "min_lift", "blind_below")
+            },
+            "lambdas": lambdas,
+            "temperature": float(cfg.rollout.temperature),
+            "seed": int(cfg.seed),
+            "config_lambda": float(cfg["lambda"]),
+        },
+        "candidates": curve,
+        "fields": {
+            "rows": which,
+            "labelled": len(rows),
+            "per_field": perturber.per_field,
+            "how": "the same output with one field changed (other values, empty, an input span, a "
+            "demonstration's value)"
+            if perturber.per_field
+            else "other outputs (other choices, else other gold outputs)",
+            "table": fields or {},
+        },
+        "seconds": seconds,
+        "config": config_dict(cfg),
+    }
+    candidate_records = [
+        {
+            "part": "candidates",
+            "uid": g.example.uid,
+            "gold": g.example.target or None,
+            "texts": g.texts,
+            "direct": g.direct,
+            "reverse": g.reverse,
+        }
+        for g in groups
+    ]
+    path = write_report(out, record, candidate_records + pair_records)
+    print(f"{verdict.text}\n-> {path}, {out / MARKDOWN}, {out / PLOT}")
+    return {
+        "path": str(path),
+        "outlook": verdict.outlook,
+        "recommended_lambda": verdict.recommended_lambda,
+    }
