@@ -63,6 +63,12 @@ def compose_job_config(overrides: list[str]) -> DictConfig:
     try:
         with open_dict(cfg):
             cfg.pop("hydra")
+        if cfg.task.get("spec") is not None:
+            # before resolving: optim.batch_size, optim.lr and trainer.max_steps interpolate
+            # the spec's task.batch_size, task.lr and task.max_steps
+            from grammarrl.tasks.custom_spec import merge_spec_file
+
+            merge_spec_file(cfg.task)
         OmegaConf.resolve(cfg)  # `${hydra:...}` reads the section just set aside
     finally:
         HydraConfig.instance().cfg = previous

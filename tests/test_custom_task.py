@@ -484,6 +484,22 @@ def test_spec_values_merge_under_the_command_line(tmp_path):
     assert cfg.task.max_new_tokens == 50 and cfg.task.num_fewshot == 1
 
 
+def test_the_command_lines_config_trains_with_the_specs_batch_lr_and_steps(tmp_path):
+    """A single run's config is resolved before its job starts (`compose_job_config`): the
+    spec's batch_size, lr and max_steps reach optim.* and trainer.max_steps there too, as in a
+    sweep's jobs; a value on the command line still wins."""
+    from grammarrl.config import compose_job_config
+
+    spec = spec_file(tmp_path, batch_size=2, lr=3e-5, max_steps=12)
+    cfg = compose_job_config(["task=custom", f"task.spec={spec}", "model=tiny"])
+    validate(cfg)
+    assert (cfg.optim.batch_size, cfg.optim.lr, cfg.trainer.max_steps) == (2, 3e-5, 12)
+    given = compose_job_config(
+        ["task=custom", f"task.spec={spec}", "model=tiny", "optim.batch_size=3"]
+    )
+    assert (given.optim.batch_size, given.trainer.max_steps) == (3, 12)
+
+
 def test_prompts_default_reverse_instruction_and_output_format(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", rows(40, 20, label_for("choices")))
     task = task_of(
