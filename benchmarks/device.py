@@ -297,7 +297,7 @@ def table(report: dict[str, Any]) -> str:
         f"{ev['batch_size']} {ev['batch_32']['examples_per_s']:.2f} ex/s "
         f"({ev['distinct_prompts']} distinct prompts)"
     )
-    lines.append(f"total {report['total_s']:.0f} s; wrote {report['out']}")
+    lines.append(f"total {report['total_s']:.0f} s")
     return "\n".join(lines)
 
 
@@ -360,7 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         "setup": {"seconds": round(setup_s, 1), "installed": installed},
         "paper_step_s": list(PAPER_STEP_S),
         "goal_step_s": [round(s * GOAL_SHARE, 1) for s in PAPER_STEP_S],
-        "out": str(out),
     }
 
     def save(done: str) -> None:
@@ -383,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = f"{type(err).__name__}: {str(err)[:2000]}"
         save(f"stopped: {report['error'][:200]}")
         raise
-    print(table(report))
+    print(f"{table(report)}; wrote {out}")
     tests = report["tests"]
     failed = tests is not None and (tests["failed"] or tests["returncode"] not in (0, 5))
     return 1 if failed else 0

@@ -306,6 +306,12 @@ def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
             value,
             "null or a number > 0",
         )
+    if (cfg.reward.sigma_direct is None) != (cfg.reward.sigma_reverse is None):
+        given = "sigma_direct" if cfg.reward.sigma_direct is not None else "sigma_reverse"
+        raise ConfigError(
+            f"reward.{given} is set alone: set both σ's by hand, or neither (the calibration "
+            "file, the task's table or a calibration then gives both)"
+        )
 
 
 def _is_int(value: Any) -> bool:

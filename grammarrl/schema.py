@@ -282,9 +282,10 @@ class DataSchema:
 @dataclass
 class RewardSchema:
     sigma_direct: Any = key(
-        "σ_direct by hand; null: calibration file, then the task's σ table, else calibrate first."
+        "σ_direct by hand, with sigma_reverse (both or neither); null: calibration file, then "
+        "the task's σ table, else calibrate first."
     )
-    sigma_reverse: Any = key("σ_reverse by hand; null: as sigma_direct.")
+    sigma_reverse: Any = key("σ_reverse by hand, with sigma_direct (both or neither).")
     calibration_file: str = key("The calibrated σ's, keyed by task, model and nN_bB.")
     calibration_seed: int = key(
         "Seeds the samples calibration measures the σ's on (apart from `seed`)."

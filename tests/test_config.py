@@ -247,3 +247,10 @@ def test_hydra_and_experiment_keys_still_compose():
     out = _cli("--cfg", "job", "+experiment=tiny_scale", "hydra.run.dir=/tmp/somewhere")
     assert out.returncode == 0, out.stderr
     assert "name: tiny" in out.stdout
+
+
+def test_one_sigma_set_by_hand_alone_is_refused():
+    """lookup_sigmas uses hand-set σ's only as a pair: one alone would be ignored silently."""
+    with pytest.raises(ConfigError, match=r"reward\.sigma_reverse is set alone: set both"):
+        validate(compose_config(["reward.sigma_reverse=0.2"]))
+    validate(compose_config(["reward.sigma_direct=0.7", "reward.sigma_reverse=0.2"]))

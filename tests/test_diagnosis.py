@@ -24,7 +24,13 @@ from grammarrl.diagnosis.perturb import (
     schema_domains,
     whole_perturbations,
 )
-from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, oracle_index
+from grammarrl.diagnosis.selection import (
+    Sigmas,
+    argmax_index,
+    lambda_curve,
+    lift_interval,
+    oracle_index,
+)
 from grammarrl.diagnosis.verdict import make_verdict
 from grammarrl.errors import ConfigError
 from grammarrl.types import Example
@@ -154,6 +160,29 @@ def test_oracle_and_metrics_over_labelled_inputs_by_hand(tickets):
     assert curve["labelled"] == 1 and curve["inputs"] == 2
     assert curve["distinct_share"] == 0.5  # the unlabelled group's two candidates are the same
     assert curve["valid_candidates"] == 4 / 5
+    assert curve["finished_candidates"] == 0  # written groups record no decoding
+
+
+def test_the_oracle_prefers_inventing_nothing_where_gold_is_empty(tickets):
+    """Per-input F1 is 0 for every candidate of an input whose gold fields are all empty; the
+    oracle still takes the candidate with fewer false positives, as micro-F1 counts them."""
+    empty = json.dumps({"category": None, "urgency": None, "order_id": None, "wants_refund": None})
+    texts = [_ticket("billing"), empty]  # greedy invents 3 fields, the sample none
+    group = Group(Example("e", "x", empty), texts, [-1.0, -2.0], [-1.0, -2.0])
+    assert oracle_index(tickets, group) == 1
+
+
+def test_lift_interval_is_paired_over_the_labelled_inputs(tickets):
+    gold = _ticket("billing")
+    right = Group(Example("a", "x", gold), [_ticket("shipping"), gold], [-1.0, -2.0], [-1, -1])
+    same = Group(Example("b", "y", gold), [gold, gold], [-1.0, -1.0], [-1.0, -1.0])
+    unlabelled = Group(Example("c", "z", ""), [gold, gold], [-1.0, -1.0], [-1.0, -1.0])
+    groups = [right, same, unlabelled]
+    assert lift_interval(tickets, groups, [0, 0, 0]) == (0.0, 0.0)  # greedy against itself
+    low, high = lift_interval(tickets, groups, [1, 0, 0], draws=200, seed=0)
+    # resamples hold `right` 0, 1 or 2 times: lifts 0, 1 - 5/6... up to 1 - 4/6; never negative
+    assert 0.0 <= low < high <= 1 / 3 + 1e-9
+    assert lift_interval(tickets, [unlabelled], [1]) is None
 
 
 def test_without_gold_the_curve_has_the_reward_gap_and_how_often_the_argmax_moves(tickets):
@@ -237,7 +266,8 @@ TICKET_FIELDS = {"category": (33, 48), "urgency": (11, 24), "order_id": (13, 17)
 
 def test_verdict_with_gold_names_the_lift_the_blind_fields_and_the_lambda():
     curve = _curve(0.220, 0.465, [0.159, 0.396, 0.359, 0.365, 0.360], LAMBDAS)
-    verdict = make_verdict(curve, _fields(TICKET_FIELDS, LAMBDAS), "micro_f1", 0.5, 0.02, 0.6)
+    fields = _fields(TICKET_FIELDS, LAMBDAS)
+    verdict = make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6, interval=(0.05, 0.3))
     assert verdict.outlook == "likely" and verdict.recommended_lambda == 0.25
     assert (verdict.blind, verdict.seen, verdict.few) == (
         ["urgency", "wants_refund"],
@@ -246,7 +276,8 @@ def test_verdict_with_gold_names_the_lift_the_blind_fields_and_the_lambda():
     )
     assert verdict.text == (
         "Reranking by the reward lifts dev micro_f1 by +0.176 at λ=0.25 (0.220 → 0.396; oracle "
-        "+0.245, on 40 labelled dev inputs): training is likely to help. On perturbed gold "
+        "+0.245, on 40 labelled dev inputs, 95% interval [+0.050, +0.300]): training is likely to "
+        "help. On perturbed gold "
         "outputs, the combined reward at λ=0.25 prefers the gold output in 60 of 103 pairs (58%); "
         "its reverse term, the part that reads the input, prefers it for `urgency` in 46% of 24 "
         "pairs and `wants_refund` in 17% of 12 pairs only: the reward cannot see `urgency` or "
@@ -255,24 +286,47 @@ def test_verdict_with_gold_names_the_lift_the_blind_fields_and_the_lambda():
         "its reward's argmax scores best on the 40 labelled dev inputs (0.396; greedy 0.220)."
     )
     # the fields are judged by the reverse term: a direct reward that prefers gold does not count
-    fields = _fields(TICKET_FIELDS, LAMBDAS)
     fields["urgency"]["direct"] = {"gold_preferred": 24, "ties": 0, "share": 1.0}
-    assert make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6).blind == verdict.blind
+    again = make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6, interval=(0.05, 0.3))
+    assert again.blind == verdict.blind
+    # the same lift with an interval reaching 0 is within noise, not "likely"
+    noisy = make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6, interval=(-0.01, 0.3))
+    assert noisy.outlook == "marginal" and "within the noise of these inputs" in noisy.text
 
 
 def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
     flat = make_verdict(
-        _curve(0.5, 0.7, [0.49, 0.51], [0.0, 1.0]), None, "accuracy", 0.5, 0.02, 0.6
+        _curve(0.5, 0.7, [0.49, 0.51], [0.0, 1.0]),
+        None,
+        "accuracy",
+        0.5,
+        0.02,
+        0.6,
+        interval=(0.0, 0.02),
     )
     assert flat.outlook == "marginal" and flat.recommended_lambda == 1.0
     assert "lifts dev accuracy by only +0.010 at best (λ=1; oracle +0.200" in flat.text
-    assert "No labelled rows to perturb" in flat.text
-    worse = make_verdict(_curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), None, "accuracy", 0.5, 0.02, 0.6)
+    assert "No perturbation pairs to judge the fields on" in flat.text
+    worse = make_verdict(
+        _curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]),
+        None,
+        "accuracy",
+        0.5,
+        0.02,
+        0.6,
+        interval=(-0.1, 0.0),
+    )
     assert worse.outlook == "unlikely" and "does not lift dev accuracy at any λ" in worse.text
     fields = _fields({"category": (3, 10)}, [0.0, 1.0])
-    fields[ALL]["combined"]["1.0"] = {"gold_preferred": 8, "ties": 0, "share": 0.8}
+    fields["category"]["combined"]["1.0"] = {"gold_preferred": 8, "ties": 0, "share": 0.8}
     none = make_verdict(
-        _curve(None, None, [None, None], [0.0, 1.0], 0), fields, "f1", 0.5, 0.02, 0.6
+        _curve(None, None, [None, None], [0.0, 1.0], 0),
+        fields,
+        "f1",
+        0.5,
+        0.02,
+        0.6,
+        interval=None,
     )
     assert none.outlook == "unmeasured" and none.recommended_lambda == 1.0
     assert none.text.startswith(
@@ -280,11 +334,23 @@ def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
         "the reward's argmax differs from greedy on 50% of them (its combined reward +1.25 above "
         "greedy's, in σ units), and 90% of the groups hold distinct candidates"
     )
-    assert "prefers the gold output in the most perturbation pairs (8 of 10)" in none.text
+    assert "prefers the gold output most often, averaged over the fields (80%;" in none.text
     assert "prefers it for `category` in 30% of 10 pairs only: the reward cannot see" in none.text
     fields["category"]["reverse"] = {"gold_preferred": 9, "ties": 0, "share": 0.9}
-    seen = make_verdict(_curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), fields, "f1", 0.5, 0.02, 0.6)
+    seen = make_verdict(
+        _curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), fields, "f1", 0.5, 0.02, 0.6, interval=(-0.1, 0)
+    )
     assert (seen.blind, seen.seen) == ([], ["category"])
+    few = make_verdict(
+        _curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]),
+        _fields({"a": (1, 2)}, [0.0, 1.0]),
+        "f1",
+        0.5,
+        0.02,
+        0.6,
+        interval=(-0.1, 0),
+    )
+    assert "reads the input, is not judged on any field: each has fewer than 5 pairs." in few.text
     assert (
         "its reverse term, the part that reads the input, prefers it for `category` in 90% of 10 "
         "pairs: the reward sees every field it could judge." in seen.text

@@ -12,7 +12,7 @@ batched pass), at no cost; only R_reverse needs a reference pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ class Group:
     texts: list[str]
     direct: list[float]
     reverse: list[float]
+    finished: list[bool] = field(default_factory=list)  # decoded: ended within the token cap
 
     @property
     def valid(self) -> list[bool]:
@@ -59,6 +60,7 @@ def decoded_group(scorer: ReferenceScorer, example: Example, gens: list[Generati
         texts,
         [sum(g.logp_unconstrained) / g.num_tokens if g.token_ids else math.nan for g in gens],
         [reverse[g.text] if g.token_ids else math.nan for g in gens],
+        [g.finished for g in gens],
     )
 
 

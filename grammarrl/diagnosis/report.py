@@ -80,9 +80,9 @@ def markdown(record: dict[str, Any]) -> str:
         (
             f"{curve['inputs']} inputs ({curve['rows']}), {curve['labelled']} with a gold output; "
             f"each decoded greedily and sampled {settings['num_samples']} times under the grammar "
-            f"(temperature {settings['temperature']:g}); {curve['valid_candidates']:.0%} of the "
-            f"candidates are complete outputs, {curve['distinct_share']:.0%} of the inputs have "
-            "distinct ones. The reward's argmax picks the candidate with the highest "
+            f"(temperature {settings['temperature']:g}); {curve['finished_candidates']:.0%} of the "
+            f"candidates ended within the token cap ({curve['valid_candidates']:.0%} non-empty), "
+            f"{curve['distinct_share']:.0%} of the inputs have distinct ones. The reward's argmax picks the candidate with the highest "
             "(1-λ)·R_direct/σ_d + λ·R_reverse/σ_r; the oracle, the candidate with the best metric."
         ),
         "",

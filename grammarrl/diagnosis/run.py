@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.calibration import run_sigmas
+from grammarrl.calibration import calibration_file, run_sigmas
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.diagnosis.candidates import decoded_groups, written_group
 from grammarrl.diagnosis.concordance import Pair, concordance, pairs_of
 from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
-from grammarrl.diagnosis.selection import Sigmas, lambda_curve
-from grammarrl.diagnosis.verdict import make_verdict
+from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, lift_interval
+from grammarrl.diagnosis.verdict import make_verdict, recommend_lambda
 from grammarrl.results import config_dict, dtype_name
 from grammarrl.rewards import ReferenceScorer
 from grammarrl.rundir import run_dir
@@ -78,6 +78,7 @@ def field_pairs(
     for ex in tqdm(rows, desc="diagnose: perturbations", unit="row", disable=not progress):
         perturbations = perturber(ex.target, ex.input)
         if not perturbations:
+            records.append({"part": "unperturbed", "uid": ex.uid, "gold": ex.target})
             continue
         group = written_group(
             scorer, tokenizer, task, ex, [ex.target, *(p.text for p in perturbations)]
@@ -116,8 +117,11 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     if model.device.type == "cpu":
         steady_cpu_allocator(INFERENCE_MMAP_THRESHOLD)
     seconds["loading"] = time.perf_counter() - started
-    sigmas = Sigmas(*run_sigmas(cfg, model, tokenizer, task))
-    log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", sigmas.direct, sigmas.reverse, sigmas.source)
+    direct, reverse, source = run_sigmas(cfg, model, tokenizer, task)
+    log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", direct, reverse, source)
+    if source == str(calibration_file(cfg)):  # the record names no path of this machine
+        source = "the calibration file, reward.calibration_file"
+    sigmas = Sigmas(direct, reverse, source)
     seconds["σ's"] = time.perf_counter() - started - sum(seconds.values())
 
     inputs = dev_inputs(task, int(settings.num_inputs))
@@ -134,7 +138,10 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
         int(settings.batch_size),
         torch.Generator().manual_seed(int(cfg.seed)),
     )
-    curve = {"rows": "the dev split", **lambda_curve(task, groups, lambdas, sigmas)}
+    curve = {
+        "rows": "the dev split, then its reserve",
+        **lambda_curve(task, groups, lambdas, sigmas),
+    }
     seconds["candidates"] = time.perf_counter() - started - sum(seconds.values())
 
     rows, which = labelled_rows(task, int(settings.num_labelled))
@@ -146,8 +153,17 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     )
     pairs, pair_records = field_pairs(task, scorer, tokenizer, rows, perturber)
     fields = concordance(pairs, lambdas, sigmas) if pairs else None
+    unperturbed = sum(r["part"] == "unperturbed" for r in pair_records)
+    if unperturbed:  # said, not dropped silently
+        which += (
+            f"; {unperturbed} of the {len(rows)} gave no perturbation (a gold output must be "
+            "one-line JSON as json.dumps writes it, with another value the grammar accepts)"
+        )
     seconds["perturbations"] = time.perf_counter() - started - sum(seconds.values())
 
+    lam, _ = recommend_lambda(curve, fields, float(cfg["lambda"]))
+    picks = [argmax_index(group, lam, sigmas) for group in groups]
+    curve["lift_interval"] = lift_interval(task, groups, picks, seed=int(cfg.seed))
     verdict = make_verdict(
         curve,
         fields,
@@ -155,6 +171,7 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
         float(cfg["lambda"]),
         float(settings.min_lift),
         float(settings.blind_below),
+        interval=curve["lift_interval"],
     )
     record = {
         "task": task.name,

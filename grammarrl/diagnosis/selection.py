@@ -6,6 +6,8 @@ Pure functions of scored groups (`candidates.Group`)."""
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,7 @@ def combined(group: Group, lam: float, sigmas: Sigmas) -> list[float]:
     return combined_values(group.direct, group.reverse, lam, sigmas)
 
 
-def first_max(values: list[float]) -> int:
+def first_max(values: Sequence[Any]) -> int:
     """Index of the largest value, the first on ties (the greedy output comes first)."""
     return max(range(len(values)), key=lambda i: (values[i], -i))
 
@@ -55,15 +57,43 @@ def argmax_index(group: Group, lam: float, sigmas: Sigmas) -> int:
     return first_max(combined(group, lam, sigmas))
 
 
-def example_scores(task: Task, group: Group) -> list[float]:
-    """Each candidate's metric on its own input alone (-inf where NaN)."""
-    values = [task.score([text], [group.example]).value for text in group.texts]
-    return [v if not math.isnan(v) else -math.inf for v in values]
+def example_scores(task: Task, group: Group) -> list[tuple[float, ...]]:
+    """Each candidate's rank on its own input: its metric (-inf where NaN), then, where the task
+    counts them, more true positives, fewer false positives, fewer misses. Per-input F1 is 0 for
+    every candidate of an input without gold entities; the counts still tell a candidate that
+    invents none from one that invents some, as the corpus micro-F1 does."""
+    keys = []
+    for text in group.texts:
+        scores = task.score([text], [group.example])
+        counts = scores.per_example[0] if scores.per_example else {}
+        value = scores.value if not math.isnan(scores.value) else -math.inf
+        keys.append((value, counts.get("tp", 0), -counts.get("fp", 0), -counts.get("fn", 0)))
+    return keys
 
 
 def oracle_index(task: Task, group: Group) -> int:
-    """The candidate with the best metric on its own input (ties: the earlier one)."""
+    """The candidate ranked best on its own input (`example_scores`; ties: the earlier one)."""
     return first_max(example_scores(task, group))
+
+
+def lift_interval(
+    task: Task, groups: list[Group], picks: list[int], draws: int = 200, seed: int = 0
+) -> tuple[float, float] | None:
+    """The 95% bootstrap interval of the metric of `picks` minus greedy's, the labelled inputs
+    resampled (paired: the same resample scores both); None without labelled inputs."""
+    labelled = [(g, i) for g, i in zip(groups, picks) if g.example.target]
+    if not labelled:
+        return None
+    rng = random.Random(seed)
+    lifts = []
+    for _ in range(draws):
+        sample = [labelled[rng.randrange(len(labelled))] for _ in labelled]
+        examples = [g.example for g, _ in sample]
+        picked = task.score([g.texts[i] for g, i in sample], examples).value
+        greedy = task.score([g.texts[0] for g, _ in sample], examples).value
+        lifts.append(picked - greedy)
+    lifts.sort()
+    return lifts[int(0.025 * draws)], lifts[math.ceil(0.975 * draws) - 1]
 
 
 def metric_of(task: Task, groups: list[Group], picks: list[int]) -> dict[str, Any]:
@@ -123,6 +153,8 @@ def lambda_curve(
         "labelled": sum(bool(g.example.target) for g in groups),
         "candidates_per_input": len(groups[0].texts) if groups else 0,
         "valid_candidates": sum(sum(g.valid) for g in groups)
+        / max(sum(len(g.texts) for g in groups), 1),
+        "finished_candidates": sum(sum(g.finished) for g in groups)
         / max(sum(len(g.texts) for g in groups), 1),
         "distinct_share": distinct_share(groups),
         "greedy": metric_of(task, groups, greedy),

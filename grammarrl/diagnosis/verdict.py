@@ -41,12 +41,17 @@ def _pairs_share(fields: dict[str, Any] | None, name: str, lam: float) -> float:
     return fields[name]["combined"][str(lam)]["share"]
 
 
+def _mean_share(fields: dict[str, Any], names: list[str], lam: float) -> float:
+    """The combined reward's share of gold-preferred pairs at λ, averaged over the fields."""
+    return sum(_pairs_share(fields, name, lam) for name in names) / len(names)
+
+
 def recommend_lambda(
     curve: dict[str, Any], fields: dict[str, Any] | None, default: float
 ) -> tuple[float, str]:
     """(λ, why): with gold on the dev inputs, the λ whose argmax scores best (ties: the most
     gold-preferred perturbation pairs, then the smaller λ); else the λ whose combined reward
-    prefers gold in the most perturbation pairs; else the config's λ."""
+    prefers gold most often, averaged over the fields; else the config's λ."""
     lambdas = [p["lambda"] for p in curve["argmax"]]
     greedy = curve["greedy"]["value"]
     if greedy is not None:
@@ -57,13 +62,14 @@ def recommend_lambda(
             f"its reward's argmax scores best on the {curve['labelled']} labelled dev inputs "
             f"({_metric_at(curve, best):.3f}; greedy {greedy:.3f})"
         )
-    if fields and fields[ALL]["pairs"]:
-        best = max(lambdas, key=lambda lam: (_pairs_share(fields, ALL, lam), -lam))
-        tally = fields[ALL]["combined"][str(best)]
+    judged = [name for name, row in (fields or {}).items() if name != ALL and row["pairs"]]
+    if judged:
+        best = max(lambdas, key=lambda lam: (_mean_share(fields, judged, lam), -lam))
         return best, (
-            f"there the combined reward prefers the gold output in the most perturbation pairs "
-            f"({tally['gold_preferred']} of {fields[ALL]['pairs']}); the dev inputs have no gold "
-            "outputs to measure the metric on"
+            "there the combined reward prefers the gold output most often, averaged over the "
+            f"fields ({_mean_share(fields, judged, best):.0%}; each field counts once, however "
+            "many perturbations it has); the dev inputs have no gold outputs to measure the "
+            "metric on"
         )
     return default, (
         "nothing here measures λ (no gold outputs on the dev inputs, no labelled rows to "
@@ -98,9 +104,14 @@ def _name(name: str) -> str:
 
 
 def _metric_sentence(
-    curve: dict[str, Any], metric: str, lam: float, min_lift: float
+    curve: dict[str, Any],
+    metric: str,
+    lam: float,
+    min_lift: float,
+    interval: tuple[float, float] | None,
 ) -> tuple[str, str]:
-    """(outlook, sentence) from the λ curve."""
+    """(outlook, sentence) from the λ curve: likely where the lift at λ reaches `min_lift` and
+    its bootstrap interval over the inputs (`selection.lift_interval`) lies above 0."""
     greedy, oracle = curve["greedy"]["value"], curve["oracle"]["value"]
     if greedy is None:
         point = next(p for p in curve["argmax"] if p["lambda"] == lam)
@@ -114,16 +125,22 @@ def _metric_sentence(
         )
     best = _metric_at(curve, lam)
     lift, headroom = best - greedy, oracle - greedy
-    where = f"oracle {headroom:+.3f}, on {curve['labelled']} labelled dev inputs"
-    if lift >= min_lift:
+    spread = f", 95% interval [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else ""
+    where = f"oracle {headroom:+.3f}, on {curve['labelled']} labelled dev inputs{spread}"
+    if lift >= min_lift and interval is not None and interval[0] > 0:
         return "likely", (
             f"Reranking by the reward lifts dev {metric} by {lift:+.3f} at λ={lam:g} "
             f"({greedy:.3f} → {best:.3f}; {where}): training is likely to help."
         )
     if lift > 0:
+        short = (
+            f"less than diagnose.min_lift={min_lift:g}"
+            if lift < min_lift
+            else "an interval that reaches 0: within the noise of these inputs"
+        )
         return "marginal", (
             f"Reranking by the reward lifts dev {metric} by only {lift:+.3f} at best (λ={lam:g}; "
-            f"{where}), less than diagnose.min_lift={min_lift:g}: training may not help."
+            f"{where}), {short}: training may not help."
         )
     return "unlikely", (
         f"Reranking by the reward does not lift dev {metric} at any λ (best {lift:+.3f}, at "
@@ -141,8 +158,8 @@ def _fields_sentence(
 ) -> str:
     if not fields or not fields[ALL]["pairs"]:
         return (
-            "No labelled rows to perturb: the per-field check needs gold outputs "
-            "(dev rows, else training rows)."
+            "No perturbation pairs to judge the fields on: the per-field check needs gold "
+            "outputs (dev rows, else training rows) that can be perturbed (the report says why)."
         )
     overall = fields[ALL]["combined"][str(lam)]
     parts = [
@@ -165,9 +182,11 @@ def _fields_sentence(
             f"{' or '.join(f'`{name}`' for name in blind)}; expect {it} not to improve, or drop "
             f"{it}."
         )
-    else:
+    elif seen:
         listed = " and ".join(f"`{name}` in {_field_share(fields, name)}" for name in seen)
         parts.append(f"prefers it for {listed}: the reward sees every field it could judge.")
+    else:
+        parts.append(f"is not judged on any field: each has fewer than {MIN_PAIRS} pairs.")
     if blind and seen:
         listed = ", ".join(f"{_name(name)} ({_field_share(fields, name)})" for name in seen)
         parts.append(f"It sees {listed}.")
@@ -183,10 +202,12 @@ def make_verdict(
     default_lambda: float,
     min_lift: float,
     blind_below: float,
+    *,
+    interval: tuple[float, float] | None,
 ) -> Verdict:
-    """The verdict (module docstring)."""
+    """The verdict (module docstring); `interval`: the lift's at the recommended λ."""
     lam, why = recommend_lambda(curve, fields, default_lambda)
-    outlook, first = _metric_sentence(curve, metric, lam, min_lift)
+    outlook, first = _metric_sentence(curve, metric, lam, min_lift, interval)
     blind, seen, few = judge_fields(fields, blind_below)
     text = " ".join(
         [
