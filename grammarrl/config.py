@@ -31,6 +31,7 @@ from grammarrl.schema import (
     MODEL_SOURCES,
     MODES,
     MOVED,
+    OBJECTIVES,
     SCALARS,
     SCHEMAS,
     SEARCH_METHODS,
@@ -298,6 +299,15 @@ def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
     lora = typed["lora"]
     _check(lora.r >= 1, "lora.r", lora.r, "an integer >= 1")
     _check(0.0 <= lora.dropout < 1.0, "lora.dropout", lora.dropout, "a number in [0, 1)")
+    train = typed["train"]
+    _check(
+        train.objective in OBJECTIVES,
+        "train.objective",
+        train.objective,
+        f"one of {', '.join(OBJECTIVES)}",
+    )
+    if train.init_adapter is not None and cfg.mode == "train":
+        _check_init_adapter(Path(str(train.init_adapter)), lora)
     for key in ("sigma_direct", "sigma_reverse"):
         value = cfg.reward[key]
         _check(
@@ -311,6 +321,28 @@ def _check_training(cfg: DictConfig, typed: dict[str, Any]) -> None:
         raise ConfigError(
             f"reward.{given} is set alone: set both σ's by hand, or neither (the calibration "
             "file, the task's table or a calibration then gives both)"
+        )
+
+
+def _check_init_adapter(adapter: Path, lora: Any) -> None:
+    """`train.init_adapter`: a saved PEFT adapter of the LoRA shape the config records."""
+    import json
+
+    config_file = adapter / "adapter_config.json"
+    _check(
+        config_file.is_file(),
+        "train.init_adapter",
+        str(adapter),
+        "null or a saved PEFT adapter directory (holding adapter_config.json), e.g. "
+        "<train run>/adapter",
+    )
+    saved = json.loads(config_file.read_text())
+    for key, name in (("r", "r"), ("alpha", "lora_alpha")):
+        _check(
+            saved.get(name) == lora[key],
+            f"lora.{key}",
+            lora[key],
+            f"{saved.get(name)}, the shape of train.init_adapter={adapter} (set lora.{key} to it)",
         )
 
 

@@ -305,19 +305,25 @@ def peft_deprecations_quiet() -> Iterator[None]:
         yield
 
 
-def check_adapter_dir(adapter_dir: str | Path) -> Path:
-    """The directory of a saved PEFT adapter (`eval.adapter`); ModelError when it is not one."""
+def check_adapter_dir(adapter_dir: str | Path, key: str = "eval.adapter") -> Path:
+    """The directory of a saved PEFT adapter (config `key`); ModelError when it is not one."""
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
-        raise ModelError(f"eval.adapter={adapter_dir}: no adapter_config.json there")
+        raise ModelError(f"{key}={adapter_dir}: no adapter_config.json there")
     return adapter_dir
 
 
-def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: bool = False):
-    """Attach a saved PEFT adapter; a missing or mismatched adapter is a clear ModelError."""
+def load_adapter(
+    model: torch.nn.Module,
+    adapter_dir: str | Path,
+    trainable: bool = False,
+    key: str = "eval.adapter",
+):
+    """Attach a saved PEFT adapter (config `key`); a missing or mismatched adapter is a clear
+    ModelError."""
     from peft import PeftModel
 
-    adapter_dir = check_adapter_dir(adapter_dir)
+    adapter_dir = check_adapter_dir(adapter_dir, key)
     try:
         with peft_deprecations_quiet():
             return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
@@ -328,7 +334,7 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, trainable: boo
         ) from err
     except Exception as err:  # a truncated or corrupt weights file (safetensors, torch)
         raise ModelError(
-            f"eval.adapter={adapter_dir}: the adapter weights cannot be read "
+            f"{key}={adapter_dir}: the adapter weights cannot be read "
             f"({type(err).__name__}: {str(err)[:200]})"
         ) from err
 

@@ -11,8 +11,11 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
+from grammarrl.amortised import candidate_indices, resample, target_log_weights
 from grammarrl.chat import encode_prompt
+from grammarrl.compute import ForwardCounter
 from grammarrl.decoding import ConstrainedDecoder, Generation
+from grammarrl.decoding.smc import ParticleSet, smc
 from grammarrl.errors import GrammarRLError, ModelError
 from grammarrl.models import enable_activation_checkpointing
 from grammarrl.rewards import ReferenceScorer
@@ -20,6 +23,8 @@ from grammarrl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, r
 from grammarrl.rng import gather_objects, rng_states, set_rng_states
 from grammarrl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.scoring import sequence_logprobs
+from grammarrl.search.methods import ess
+from grammarrl.search.potentials import default_potential, make_potential
 from grammarrl.tasks.base import Task
 from grammarrl.timing import clock
 from grammarrl.types import Example
@@ -43,6 +48,35 @@ class StepOutputs:
     loss: torch.Tensor
     parts: dict[str, torch.Tensor]
     seconds: dict[str, float]  # wall time per phase: rollout, scoring, policy
+
+
+@dataclass
+class AmortisedStep:
+    """What one amortised-IS step computed before backward (`train.objective=amortised_is`).
+    Per prompt: its particles, the target log weights of its candidates (`candidate_indices`),
+    and the resampled targets (indices into the particles; none when every weight vanished).
+    The tensors cover the prompts with targets only: [prompts with targets, rollout.num_samples]."""
+
+    examples: list[Example]
+    populations: list[ParticleSet]
+    log_weights: list[list[float]]
+    targets: list[list[int]]
+    policy_logp: torch.Tensor  # log pi_theta(y|x) of the targets, with gradient
+    ref_logp: torch.Tensor  # log pi_ref(y|x) of the targets
+    direct: torch.Tensor  # R_direct of the targets
+    reverse: torch.Tensor | None  # R_reverse of the targets (search.potential=reverse only)
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]
+    seconds: dict[str, float]
+
+    @property
+    def groups(self) -> list[list[Generation]]:
+        """The target outputs of each prompt with targets."""
+        return [
+            [pop.generations[i] for i in picks]
+            for pop, picks in zip(self.populations, self.targets)
+            if picks
+        ]
 
 
 def summed_per_candidate(groups: list[list[Generation]], field: str) -> torch.Tensor:
@@ -137,6 +171,13 @@ class GrammarRLModule(L.LightningModule):
         self.last_checkpoint_step: int | None = None  # global step of the last checkpoint saved
         self.step_seconds: dict[str, float] = {}  # this step's rollout, scoring, policy times
         self.signal = SignalWatch()
+        # model forward calls and token positions of the training steps (train/forward_passes)
+        self.counter = ForwardCounter(policy)
+        self.forward_passes = 0
+        self.forward_tokens = 0
+        if cfg.train.objective == "amortised_is":  # the Full IS potential, under pi_ref
+            name = cfg.search.potential or default_potential("is")
+            self.potential = make_potential(name, task, policy, tokenizer)
 
     def setup(self, stage: str) -> None:
         # A distinct, reproducible sampling stream per rank (DDP: each rank rolls out its inputs).
@@ -198,23 +239,164 @@ class GrammarRLModule(L.LightningModule):
         loss, parts = grammarrl_loss(policy_logp, ref_logp, advantages, beta, out.valid)
         return StepOutputs(out, rewards, advantages, policy_logp, loss, parts, seconds)
 
-    def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor:
-        step = self.step_loss(batch)
-        self.step_seconds = step.seconds  # logged with the trainer's phases by PhaseTimer
-        if not torch.isfinite(step.loss).all():
-            self._stop_on_nonfinite(step.loss, step.rewards, step.policy_logp)
-        self._log_step(step.rollouts, step.rewards, step.advantages, step.loss, step.parts)
-        return step.loss
+    def amortised_step_loss(self, batch: list[Example]) -> AmortisedStep:
+        """One amortised-IS step up to the loss (`grammarrl.amortised`): Full IS particles of
+        the current policy, weighted towards p_ref·Φ, `rollout.num_samples` targets resampled
+        per prompt, and the loss mean −log pi_theta(y|x) over the targets (+ β·KL to pi_ref
+        with `kl_penalty=loss`; the other placements have no reward to shape: no KL term)."""
+        search, count = self.cfg.search, int(self.cfg.rollout.num_samples)
+        self.policy.eval()
+        started = clock()
+        prompts = [encode_prompt(self.tokenizer, self.task.forward_messages(ex)) for ex in batch]
+        twist = self.potential.bind(list(batch)) if self.potential.name != "none" else None
+        populations = smc(
+            self.decoder,
+            prompts,
+            int(search.particles),
+            twist=twist,
+            ess_threshold=0.0,
+            temperature=float(search.temperature),
+            generator=self.generator,
+        )
+        rolled_out = clock()
+        log_weights, targets, ref_logp, direct, reverse = [], [], [], [], []
+        for ex, prompt, pop in zip(batch, prompts, populations):
+            idx = candidate_indices(pop)
+            gens = [pop.generations[i] for i in idx]
+            ref = self.scorer.forward_logprobs(prompt, [g.token_ids for g in gens]) if idx else []
+            sums = [float(lp.sum()) for lp in ref]
+            logw = target_log_weights([pop.log_weights[i] for i in idx], gens, sums)
+            picks = resample(logw, count, self.generator)
+            log_weights.append(logw)
+            targets.append([idx[j] for j in picks])
+            if picks:
+                ref_logp.append(torch.stack([ref[j].sum() for j in picks]))
+                direct.append(torch.stack([ref[j].mean() for j in picks]))
+                x_tokens = len(self.scorer.input_ids(ex))
+                reverse.append(torch.tensor([pop.potentials[idx[j]] / x_tokens for j in picks]))
+        seconds = {"rollout": rolled_out - started, "scoring": clock() - rolled_out}
+        kept = [(p, pop, t) for p, pop, t in zip(prompts, populations, targets) if t]
+        policy_train_mode(self.policy, dropout=self.cfg.train.policy_dropout)
+        started = clock()
+        policy_logp = (
+            self._policy_logp(
+                [p for p, _, _ in kept], [[pop.generations[i] for i in t] for _, pop, t in kept]
+            )
+            if kept
+            else torch.zeros(0, count)
+        )
+        seconds["policy"] = clock() - started
+        ref_logp = torch.stack(ref_logp).to(policy_logp.device) if kept else policy_logp.detach()
+        beta = self.cfg.beta if self.cfg.kl_penalty == "loss" else 0.0
+        loss, parts = grammarrl_loss(policy_logp, ref_logp, torch.ones_like(policy_logp), beta)
+        return AmortisedStep(
+            examples=list(batch),
+            populations=populations,
+            log_weights=log_weights,
+            targets=targets,
+            policy_logp=policy_logp,
+            ref_logp=ref_logp,
+            direct=torch.stack(direct) if kept else torch.zeros(0, count),
+            reverse=torch.stack(reverse) if kept and self.potential.name == "reverse" else None,
+            loss=loss,
+            parts=parts,
+            seconds=seconds,
+        )
 
-    def _stop_on_nonfinite(self, loss, rewards, policy_logp) -> None:
+    def training_step(self, batch: list[Example], batch_idx: int) -> torch.Tensor | None:
+        calls, tokens = self.counter.calls, self.counter.tokens
+        if self.cfg.train.objective == "amortised_is":
+            loss = self._amortised_training_step(batch)
+        else:
+            step = self.step_loss(batch)
+            self.step_seconds = step.seconds  # logged with the trainer's phases by PhaseTimer
+            if not torch.isfinite(step.loss).all():
+                self._stop_on_nonfinite(
+                    step.loss, {"rewards": step.rewards, "policy log-probs": step.policy_logp}
+                )
+            self._log_step(step.rollouts, step.rewards, step.advantages, step.loss, step.parts)
+            loss = step.loss
+        self.forward_passes += self.counter.calls - calls
+        self.forward_tokens += self.counter.tokens - tokens
+        self.log_dict(
+            {
+                "train/forward_passes": float(self.forward_passes),
+                "train/forward_tokens": float(self.forward_tokens),
+            },
+            batch_size=1,
+        )
+        return loss
+
+    def _amortised_training_step(self, batch: list[Example]) -> torch.Tensor | None:
+        """The amortised-IS step, logged; None (no update) when no prompt had a target."""
+        step = self.amortised_step_loss(batch)
+        self.step_seconds = step.seconds
+        if not torch.isfinite(step.loss).all():
+            self._stop_on_nonfinite(step.loss, {"policy log-probs": step.policy_logp})
+        self._log_amortised(step)
+        return step.loss if step.policy_logp.numel() else None
+
+    def _log_amortised(self, step: AmortisedStep) -> None:
+        """Per step: the loss, its NLL and KL parts, the ESS of the target weights, the share of
+        prompts without targets, the particles' validity, and of the targets what RLOO logs
+        of its candidates (rewards under pi_ref, length, distinct outputs, grammar mass)."""
+        particles = [g for pop in step.populations for g in pop.generations]
+        groups = step.groups
+        size = len(step.examples)
+        metrics = {
+            "train/loss": step.loss.detach(),
+            "train/nll": step.parts["loss/pg"],
+            "train/kl": step.parts["kl"],
+            "train/ess": torch.tensor([ess(w) if w else 0.0 for w in step.log_weights]).mean(),
+            "train/no_targets": torch.tensor([not t for t in step.targets]).float().mean(),
+            "train/validity": torch.tensor([g.finished for g in particles]).float().mean(),
+            "train/truncated": torch.tensor([g.truncated for g in particles]).float().mean(),
+        }
+        if groups:
+            device = step.direct.device
+            targets = [g for group in groups for g in group]
+            constrained = summed_per_candidate(groups, "logp_constrained").to(device)
+            metrics.update(
+                {
+                    "train/reward_direct": step.direct.mean(),
+                    "train/candidate_tokens": torch.tensor(
+                        [len(g.token_ids) for g in targets], dtype=torch.float
+                    ).mean(),
+                    "train/distinct_targets": torch.tensor(
+                        [len({tuple(g.token_ids) for g in group}) / len(group) for group in groups]
+                    ).mean(),
+                    "train/log_valid_mass": summed_per_candidate(groups, "log_allowed_mass").mean(),
+                    "train/kl_grammar": (constrained - step.ref_logp.detach().cpu()).mean(),
+                }
+            )
+            if step.reverse is not None:
+                rewards = combine_rewards(
+                    step.direct,
+                    step.reverse,
+                    self.cfg["lambda"],
+                    self.sigma_direct,
+                    self.sigma_reverse,
+                )
+                metrics.update(
+                    {"train/reward": rewards.mean(), "train/reward_reverse": step.reverse.mean()}
+                )
+        self.log_dict(metrics, batch_size=size, prog_bar=False)
+        if "train/reward" in metrics:
+            self.log("reward", metrics["train/reward"], prog_bar=True, batch_size=size)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
+        self.samples.append(
+            {
+                "step": self.global_step,
+                "input": step.examples[0].input,
+                "candidates": [step.populations[0].generations[i].text for i in step.targets[0]],
+            }
+        )
+
+    def _stop_on_nonfinite(self, loss, tensors: dict[str, torch.Tensor]) -> None:
         """Raise before backward/optimizer step: the adapter and last.ckpt stay the last good
         ones."""
         step = self.global_step
-        bad = [
-            name
-            for name, t in (("rewards", rewards), ("policy log-probs", policy_logp))
-            if not torch.isfinite(t).all()
-        ]
+        bad = [name for name, t in tensors.items() if not torch.isfinite(t).all()]
         callback = self.trainer.checkpoint_callback if self._trainer is not None else None
         path = getattr(callback, "last_model_path", "") or ""
         kept = (
@@ -372,6 +554,8 @@ class GrammarRLModule(L.LightningModule):
             "ranks": gather_objects({"generator": self.generator.get_state(), "rng": rng_states()}),
             "samples": list(self.samples),
             "validation_rows": list(self.validation_rows),
+            "forward_passes": self.forward_passes,
+            "forward_tokens": self.forward_tokens,
         }
         self.last_checkpoint_step = int(checkpoint.get("global_step", self.global_step))
 
@@ -414,4 +598,6 @@ class GrammarRLModule(L.LightningModule):
         set_rng_states(own["rng"])
         self.samples = list(state.get("samples", []))
         self.validation_rows = list(state.get("validation_rows", []))
+        self.forward_passes = int(state.get("forward_passes", 0))
+        self.forward_tokens = int(state.get("forward_tokens", 0))
         self.last_checkpoint_step = int(checkpoint.get("global_step", 0))

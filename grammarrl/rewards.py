@@ -110,6 +110,21 @@ class ReferenceScorer:
         )
 
     @torch.no_grad()
+    def forward_logprobs(
+        self, prompt: list[int], candidates: list[list[int]]
+    ) -> list[torch.Tensor]:
+        """Per-token log pi_ref(y_t | x, y_<t) of each candidate y (token ids) after `prompt`."""
+        static = self.forward_static_prefix(prompt)
+        with reference_mode(self.model):
+            return sequence_logprobs(
+                self.model,
+                [prompt + c for c in candidates],
+                [len(prompt)] * len(candidates),
+                share_prefix=self.share_prefix,
+                prefix=static,
+            )
+
+    @torch.no_grad()
     def score(
         self,
         example: Example,
@@ -118,15 +133,7 @@ class ReferenceScorer:
         candidate_texts: list[str],
     ) -> CandidateScores:
         """Score the candidates (token ids, end-of-turn included) of one input x."""
-        static = self.forward_static_prefix(prompt)
-        with reference_mode(self.model):
-            forward = sequence_logprobs(
-                self.model,
-                [prompt + c for c in candidates],
-                [len(prompt)] * len(candidates),
-                share_prefix=self.share_prefix,
-                prefix=static,
-            )
+        forward = self.forward_logprobs(prompt, candidates)
         reverse, _ = self.reverse_logprobs(example, candidate_texts)
         return CandidateScores(
             direct=torch.stack([lp.mean() for lp in forward]),

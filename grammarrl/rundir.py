@@ -102,6 +102,8 @@ ADDED = {
     "kl_penalty": "loss",
     "eval.test_set_drawing": "seed_plus_index",
     "eval.sampler_seeds": None,  # one draw, seeded with `seed`
+    "train.objective": "rloo",
+    "train.init_adapter": None,  # a fresh LoRA adapter
     # mode=diagnose's keys (unused by the other modes: `MODE_UNUSED`), at their defaults
     "diagnose.num_inputs": 40,
     "diagnose.num_labelled": 20,

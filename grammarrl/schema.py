@@ -16,6 +16,7 @@ KL_PENALTIES = ("loss", "reward", "grammar")  # where beta's term enters: gramma
 DECODINGS = ("greedy", "beam")
 TEST_SET_DRAWINGS = ("disjoint", "seed_plus_index")
 SEARCH_METHODS = ("rerank", "is", "smc")
+OBJECTIVES = ("rloo", "amortised_is")  # train.objective: grammarrl.module
 SEARCH_POTENTIALS = ("reverse", "task", "none")
 LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -199,6 +200,14 @@ class TrainSchema:
     val_size: int = key("Inputs per validation slice (a train and a dev slice).")
     val_at_start: bool = key("Validate once before the first step (step 0 of the curves).")
     checkpoint_every_n_steps: int = key("Write checkpoints/last.ckpt every k steps (for resuming).")
+    objective: str = key(
+        "`rloo`: RLOO on the bidirectional reward (the paper); `amortised_is`: maximise the "
+        "likelihood of Full IS's resampled particles (search.particles, search.potential).",
+        choices=OBJECTIVES,
+    )
+    init_adapter: Any = key(
+        "A saved PEFT adapter directory to start training from; null: a fresh LoRA adapter."
+    )
 
 
 @dataclass

@@ -27,7 +27,7 @@ from grammarrl.config import device_type, resume_setting
 from grammarrl.datamodule import GrammarRLDataModule
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
 from grammarrl.evaluate import test_examples
-from grammarrl.models import add_lora, load_model
+from grammarrl.models import add_lora, load_adapter, load_model
 from grammarrl.module import GrammarRLModule
 from grammarrl.progress import StepProgressBar
 from grammarrl.results import config_dict
@@ -285,7 +285,12 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
     test_examples(cfg, task)  # an empty test pool fails now, not after hours of training
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task, resume)
-    policy = add_lora(model, cfg.lora)
+    init = cfg.train.init_adapter
+    policy = (
+        add_lora(model, cfg.lora)
+        if init is None
+        else load_adapter(model, init, trainable=True, key="train.init_adapter")
+    )
     module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
     best_dev = BestDevAdapter(out, task.metric_name)
     trainer = build_trainer(cfg, out, best_dev)
