@@ -104,14 +104,6 @@ ADDED = {
     "eval.sampler_seeds": None,  # one draw, seeded with `seed`
     "train.objective": "rloo",
     "train.init_adapter": None,  # a fresh LoRA adapter
-    # mode=diagnose's keys (unused by the other modes: `MODE_UNUSED`), at their defaults
-    "diagnose.num_inputs": 40,
-    "diagnose.num_labelled": 20,
-    "diagnose.num_samples": 10,
-    "diagnose.lambdas": [0.0, 0.25, 0.5, 0.75, 1.0],
-    "diagnose.batch_size": 8,
-    "diagnose.min_lift": 0.02,
-    "diagnose.blind_below": 0.6,
 }
 # Keys split off another since (new -> old): a config recorded before ran with the old key's value.
 SPLIT_FROM = {"train.seed": "seed", "reward.calibration_seed": "seed"}

@@ -34,6 +34,7 @@ from grammarrl.results import config_dict
 from grammarrl.rundir import (
     BOOKKEEPING,
     CONTINUABLE,
+    MODE_UNUSED,
     current_names,
     describe,
     differing_keys,
@@ -135,7 +136,8 @@ def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
             "train.resume=null starts afresh"
         )
     old, new = current_names(record["config"]), config_dict(cfg)
-    changed = differing_keys(old, new, ignore=(*BOOKKEEPING, *CONTINUABLE))
+    unused = (*BOOKKEEPING, *MODE_UNUSED["train"])  # e.g. the diagnose group, added since
+    changed = differing_keys(old, new, ignore=(*unused, *CONTINUABLE))
     if changed:
         raise ConfigError(
             f"train.resume={cfg.train.resume}: {path} was trained with other settings: "
@@ -147,7 +149,7 @@ def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
             f"trainer.max_steps={cfg.trainer.max_steps} is below the {step} steps "
             f"{path} already holds: resume with trainer.max_steps >= {step}"
         )
-    changes = describe(old, new, differing_keys(old, new))
+    changes = describe(old, new, differing_keys(old, new, ignore=unused))
     return Resume(path, step, tuple(record["sigmas"]), changes)
 
 

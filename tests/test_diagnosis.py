@@ -179,9 +179,10 @@ def test_lift_interval_is_paired_over_the_labelled_inputs(tickets):
     unlabelled = Group(Example("c", "z", ""), [gold, gold], [-1.0, -1.0], [-1.0, -1.0])
     groups = [right, same, unlabelled]
     assert lift_interval(tickets, groups, [0, 0, 0]) == (0.0, 0.0)  # greedy against itself
+    # greedy F1: 4/6 on `right`, 1 on `same`; a resample of the two labelled inputs holds
+    # `right` 0, 1 or 2 times (a quarter, a half, a quarter of draws): lift 0, 1/6 or 1/3
     low, high = lift_interval(tickets, groups, [1, 0, 0], draws=200, seed=0)
-    # resamples hold `right` 0, 1 or 2 times: lifts 0, 1 - 5/6... up to 1 - 4/6; never negative
-    assert 0.0 <= low < high <= 1 / 3 + 1e-9
+    assert (low, high) == pytest.approx((0.0, 1 / 3))
     assert lift_interval(tickets, [unlabelled], [1]) is None
 
 
@@ -260,6 +261,11 @@ def _curve(greedy, oracle, argmax, lambdas, labelled=40) -> dict:
     }
 
 
+def _verdict(curve, fields=None, metric="f1", interval=None):
+    """make_verdict with the config's λ 0.5, min_lift 0.02, blind_below 0.6."""
+    return make_verdict(curve, fields, metric, 0.5, 0.02, 0.6, interval=interval)
+
+
 LAMBDAS = [0.0, 0.25, 0.5, 0.75, 1.0]
 TICKET_FIELDS = {"category": (33, 48), "urgency": (11, 24), "order_id": (13, 17), "wants_refund": (2, 12), "x": (1, 2)}  # fmt: skip
 
@@ -267,7 +273,7 @@ TICKET_FIELDS = {"category": (33, 48), "urgency": (11, 24), "order_id": (13, 17)
 def test_verdict_with_gold_names_the_lift_the_blind_fields_and_the_lambda():
     curve = _curve(0.220, 0.465, [0.159, 0.396, 0.359, 0.365, 0.360], LAMBDAS)
     fields = _fields(TICKET_FIELDS, LAMBDAS)
-    verdict = make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6, interval=(0.05, 0.3))
+    verdict = _verdict(curve, fields, "micro_f1", (0.05, 0.3))
     assert verdict.outlook == "likely" and verdict.recommended_lambda == 0.25
     assert (verdict.blind, verdict.seen, verdict.few) == (
         ["urgency", "wants_refund"],
@@ -287,47 +293,23 @@ def test_verdict_with_gold_names_the_lift_the_blind_fields_and_the_lambda():
     )
     # the fields are judged by the reverse term: a direct reward that prefers gold does not count
     fields["urgency"]["direct"] = {"gold_preferred": 24, "ties": 0, "share": 1.0}
-    again = make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6, interval=(0.05, 0.3))
+    again = _verdict(curve, fields, "micro_f1", (0.05, 0.3))
     assert again.blind == verdict.blind
     # the same lift with an interval reaching 0 is within noise, not "likely"
-    noisy = make_verdict(curve, fields, "micro_f1", 0.5, 0.02, 0.6, interval=(-0.01, 0.3))
+    noisy = _verdict(curve, fields, "micro_f1", (-0.01, 0.3))
     assert noisy.outlook == "marginal" and "within the noise of these inputs" in noisy.text
 
 
 def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
-    flat = make_verdict(
-        _curve(0.5, 0.7, [0.49, 0.51], [0.0, 1.0]),
-        None,
-        "accuracy",
-        0.5,
-        0.02,
-        0.6,
-        interval=(0.0, 0.02),
-    )
+    flat = _verdict(_curve(0.5, 0.7, [0.49, 0.51], [0.0, 1.0]), None, "accuracy", (0.0, 0.02))
     assert flat.outlook == "marginal" and flat.recommended_lambda == 1.0
     assert "lifts dev accuracy by only +0.010 at best (λ=1; oracle +0.200" in flat.text
     assert "No perturbation pairs to judge the fields on" in flat.text
-    worse = make_verdict(
-        _curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]),
-        None,
-        "accuracy",
-        0.5,
-        0.02,
-        0.6,
-        interval=(-0.1, 0.0),
-    )
+    worse = _verdict(_curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), None, "accuracy", (-0.1, 0.0))
     assert worse.outlook == "unlikely" and "does not lift dev accuracy at any λ" in worse.text
     fields = _fields({"category": (3, 10)}, [0.0, 1.0])
     fields["category"]["combined"]["1.0"] = {"gold_preferred": 8, "ties": 0, "share": 0.8}
-    none = make_verdict(
-        _curve(None, None, [None, None], [0.0, 1.0], 0),
-        fields,
-        "f1",
-        0.5,
-        0.02,
-        0.6,
-        interval=None,
-    )
+    none = _verdict(_curve(None, None, [None, None], [0.0, 1.0], 0), fields, "f1", None)
     assert none.outlook == "unmeasured" and none.recommended_lambda == 1.0
     assert none.text.startswith(
         "The 40 dev inputs have no gold outputs, so the metric cannot be measured here: at λ=1 "
@@ -337,18 +319,13 @@ def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
     assert "prefers the gold output most often, averaged over the fields (80%;" in none.text
     assert "prefers it for `category` in 30% of 10 pairs only: the reward cannot see" in none.text
     fields["category"]["reverse"] = {"gold_preferred": 9, "ties": 0, "share": 0.9}
-    seen = make_verdict(
-        _curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), fields, "f1", 0.5, 0.02, 0.6, interval=(-0.1, 0)
-    )
+    seen = _verdict(_curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), fields, "f1", (-0.1, 0))
     assert (seen.blind, seen.seen) == ([], ["category"])
-    few = make_verdict(
+    few = _verdict(
         _curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]),
         _fields({"a": (1, 2)}, [0.0, 1.0]),
         "f1",
-        0.5,
-        0.02,
-        0.6,
-        interval=(-0.1, 0),
+        (-0.1, 0),
     )
     assert "reads the input, is not judged on any field: each has fewer than 5 pairs." in few.text
     assert (

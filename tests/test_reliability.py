@@ -626,6 +626,24 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     assert resolve_resume(compose_config(["train.resume=null"]), tmp_path / "run") is None
 
 
+def test_a_checkpoint_recorded_before_the_diagnose_keys_resumes(tmp_path):
+    """Keys training does not use (`rundir.MODE_UNUSED["train"]`: the diagnose group, added
+    later) neither refuse a resume nor count as changes."""
+    from grammarrl.callbacks import RUN_RECORD
+
+    cfg = compose_config([])
+    config = config_dict(cfg)
+    del config["diagnose"]
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    AtomicCheckpointIO().save_checkpoint(
+        {"global_step": 3, "state_dict": {}, RUN_RECORD: {"config": config, "sigmas": [1, 1]}},
+        ckpt,
+    )
+    resumed = resolve_resume(cfg, tmp_path / "run")
+    assert (resumed.path, resumed.step, resumed.changes) == (ckpt, 3, "")
+
+
 def test_an_explicit_resume_is_where_a_run_starts_then_its_own_checkpoint_wins(tmp_path, caplog):
     """train.resume=PATH starts a new run directory from PATH; once that run has written its own
     last.ckpt, the same command continues from it instead of going back to PATH."""
