@@ -196,13 +196,16 @@ def greedy_eval(bench: Any, module: Any, sizes: dict) -> dict[str, Any]:
     """Constrained greedy decoding of test prompts (the trained step's policy and decoder):
     examples per second one prompt at a time, and in one batch of `eval_batch`."""
     from benchmarks.common import real_prompts, timed
+    from grammarrl.models import resolve_device
 
-    _, prompts = real_prompts(bench.config(), module.tokenizer, sizes["eval_batch"])
+    cfg = bench.config()
+    _, prompts = real_prompts(cfg, module.tokenizer, sizes["eval_batch"])
     distinct = len(prompts)
     batch = [prompts[i % distinct] for i in range(sizes["eval_batch"])]
     single = batch[: sizes["eval_one_by_one"]]
     decoder = module.decoder
-    module.policy.eval()
+    # Lightning's teardown after `fit` left the policy on the CPU
+    module.policy.to(resolve_device(cfg.device)).eval()
     decoder.greedy(single[:1])  # warm-up
 
     def one_by_one() -> list[int]:
@@ -355,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": str(resolve_dtype(cfg.model.dtype, device)).removeprefix("torch."),
             "prompts": "real CoNLL (carried)" if data else "bundled samples",
             "packages": package_versions(),
-            "overrides": overrides,
+            # the data folder relative to the repository: no machine's path in a results file
+            "overrides": [o.replace(f"{device_setup.REPO}/", "") for o in overrides],
         },
         "setup": {"seconds": round(setup_s, 1), "installed": installed},
         "paper_step_s": list(PAPER_STEP_S),

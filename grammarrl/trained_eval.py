@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from grammarrl.atomic import write_json
 from grammarrl.callbacks import BEST_DEV_RECORD
-from grammarrl.models import reference_mode
+from grammarrl.models import reference_mode, resolve_device
 from grammarrl.results import adapter_name
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,8 @@ def evaluate_trained(
     dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step."""
     from grammarrl.evaluate import evaluate
 
-    policy.eval()
+    # Lightning's teardown after `fit` leaves the module on the CPU: back to the run's device.
+    policy.to(resolve_device(cfg.device)).eval()
     # results.json (greedy) is written last: its presence marks the run as complete (a sweep
     # re-run skips the job); a restart after a crash before it keeps what was written.
     results = evaluate_best_dev(cfg, policy, tokenizer, task, out, best_dev, final_step)

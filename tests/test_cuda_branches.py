@@ -90,6 +90,37 @@ def test_grammar_masks_are_built_on_the_logits_device(tok, monkeypatch):
     assert ("meta", True) in moves  # the per-step bitmask copy
 
 
+def test_grammar_masks_follow_a_model_that_moved(model, tok, prompts):
+    """decoder.py:distribution after Lightning's teardown moved the model (CUDA -> CPU, found by
+    the device check on an H100): the cached masks are rebuilt on the new logits' device
+    instead of mixing devices (`meta` stands in for the other device)."""
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, 4)
+    decoder.greedy(prompts[:1])  # builds the masks on the CPU
+    width = decoder._masks.width
+    moved = decoder.distribution(torch.zeros(1, width, device="meta"), [decoder.grammar.matcher()])
+    assert moved.masked.device.type == "meta" and decoder._masks.device.type == "meta"
+
+
+def test_trained_policy_is_evaluated_on_the_run_device(monkeypatch):
+    """trained_eval.py:evaluate_trained moves the policy back to the run's device before the
+    test evaluations (Lightning's teardown after `fit` leaves it on the CPU)."""
+    from grammarrl import trained_eval
+
+    seen: list[str] = []
+
+    def first_evaluation(cfg, policy, *args):
+        seen.append(next(policy.parameters()).device.type)
+        raise StopIteration
+
+    monkeypatch.setattr(trained_eval, "resolve_device", lambda spec: torch.device("meta"))
+    monkeypatch.setattr(trained_eval, "evaluate_best_dev", first_evaluation)
+    with pytest.raises(StopIteration):
+        trained_eval.evaluate_trained(
+            compose_config(["model=tiny"]), torch.nn.Linear(2, 2), None, None, None, None
+        )
+    assert seen == ["meta"]
+
+
 def test_half_precision_logits_are_scored_in_float32():
     """scoring.py:_gather_logprobs: bfloat16 logits (CUDA's default dtype) are upcast."""
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))

@@ -281,8 +281,9 @@ class ConstrainedDecoder(ModelForward):
 
     def distribution(self, logits: torch.Tensor, matchers: list[Any]) -> StepDistribution:
         """The rows' next-token distributions [R, V] under their matchers' grammar masks."""
-        if self._masks is None or self._masks.width != logits.shape[1]:
-            self._masks = MaskComputer(self.grammar, logits.shape[1], self.device)
+        stale = self._masks is None or self._masks.width != logits.shape[1]
+        if stale or self._masks.device != logits.device:  # the model moved (Lightning's teardown)
+            self._masks = MaskComputer(self.grammar, logits.shape[1], logits.device)
         return StepDistribution.of(logits, self._masks.allowed(matchers))  # mask [R, V] bool
 
     def take(
