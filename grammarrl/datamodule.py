@@ -67,14 +67,14 @@ class StepBatchSampler(Sampler[list[int]]):
 
 
 class GrammarRLDataModule(L.LightningDataModule):
-    """Training inputs (labels unused by training) and two validation slices: train and dev."""
-
-    val_names = ("train", "dev")
+    """Training inputs (labels unused by training) and the validation slices: dev, and a train
+    slice unless `train.val_train_slice=false` (`val_names`)."""
 
     def __init__(self, cfg: DictConfig, task: Task):
         super().__init__()
         self.cfg = cfg
         self.task = task
+        self.val_names = ("train", "dev") if cfg.train.val_train_slice else ("dev",)
 
     def setup(self, stage: str | None = None) -> None:
         splits = self.task.splits()
@@ -92,7 +92,7 @@ class GrammarRLDataModule(L.LightningDataModule):
                 size,
                 len(dev),
             )
-        self.val = (self.train[:size], dev)
+        self.val = (self.train[:size], dev) if self.cfg.train.val_train_slice else (dev,)
 
     def transfer_batch_to_device(self, batch: list[Example], device, dataloader_idx: int):
         return batch  # text examples: tokenised and moved by the decoder and scorer

@@ -81,6 +81,7 @@ CONTINUABLE = (
     "train.gradient_checkpointing",
     "trainer.val_check_interval",
     "train.val_size",
+    "train.val_train_slice",
     "train.checkpoint_every_n_steps",
     "trainer.log_every_n_steps",
     "trainer.enable_model_summary",
@@ -104,6 +105,7 @@ ADDED = {
     "eval.sampler_seeds": None,  # one draw, seeded with `seed`
     "train.objective": "rloo",
     "train.init_adapter": None,  # a fresh LoRA adapter
+    "train.val_train_slice": True,
 }
 # Keys split off another since (new -> old): a config recorded before ran with the old key's value.
 SPLIT_FROM = {"train.seed": "seed", "reward.calibration_seed": "seed"}

@@ -199,6 +199,9 @@ class TrainSchema:
     )
     val_size: int = key("Inputs per validation slice (a train and a dev slice).")
     val_at_start: bool = key("Validate once before the first step (step 0 of the curves).")
+    val_train_slice: bool = key(
+        "Validate on a slice of training inputs too (the train curves); false: the dev slice only."
+    )
     checkpoint_every_n_steps: int = key("Write checkpoints/last.ckpt every k steps (for resuming).")
     objective: str = key(
         "`rloo`: RLOO on the bidirectional reward (the paper); `amortised_is`: maximise the "

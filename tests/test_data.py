@@ -237,7 +237,11 @@ def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split():
 
     module = GrammarRLDataModule(cfg, Toy())
     module.setup()
+    assert module.val_names == ("train", "dev") and module.val[0] == splits.train[:200]
     assert module.val[1][:24] == splits.dev and len(module.val[1]) == 200
+    dev_only = GrammarRLDataModule(compose_config(["train.val_train_slice=false"]), Toy())
+    dev_only.setup()
+    assert dev_only.val_names == ("dev",) and dev_only.val == (module.val[1],)
 
 
 def test_partition_sizes_and_determinism():
