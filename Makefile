@@ -29,9 +29,10 @@ run: venv
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports   # the layers of docs/architecture.md (contracts in pyproject.toml)
 
 # The documentation site (mkdocs.yml, sources under docs/) into site/; `$(VENV)/bin/mkdocs serve`
-# previews it. The config reference page is generated: python -m grammarrl.config_reference.
+# previews it. The config reference page is generated: python -m grammarrl.config.reference.
 docs: venv
 	$(VENV)/bin/mkdocs build --strict
 

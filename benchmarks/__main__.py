@@ -20,7 +20,7 @@ from pathlib import Path
 
 from benchmarks import decoding, rl_step, scoring
 from benchmarks.common import Bench, BenchResult, machine, release_memory
-from grammarrl.atomic import write_json
+from grammarrl.runs.atomic import write_json
 
 
 def suite(bench: Bench, full: bool = False) -> list[tuple[str, Callable[[], BenchResult]]]:

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.chat import encode_prompt
-from grammarrl.config import compose_job_config, validate
-from grammarrl.timing import synchronize
+from grammarrl.job import compose_job_config, validate
+from grammarrl.models.chat import encode_prompt
+from grammarrl.runs.timing import synchronize
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Bench:
 
     def load(self, cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
         """A fresh (model, tokenizer) for `cfg` (fresh: LoRA wraps a model in place)."""
-        from grammarrl.models import load_model
+        from grammarrl.models.loading import load_model
 
         model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
         return model.eval(), tokenizer

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from benchmarks.common import Bench, BenchResult, interleaved, real_prompts
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.decoding.grammar import MaskComputer, lark_source
-from grammarrl.models import output_kv_cache, with_kv_cache
+from grammarrl.models.loading import output_kv_cache, with_kv_cache
 
 
 @torch.inference_mode()
@@ -123,7 +123,7 @@ def group_rollout(
     from outlines.backends.llguidance import LLGuidanceBackend
     from transformers import LogitsProcessorList
 
-    from grammarrl.chat import end_of_turn_id
+    from grammarrl.models.chat import end_of_turn_id
 
     cfg = bench.config(f"task={task_name}")
     model, tokenizer = bench.load(cfg)

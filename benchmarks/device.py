@@ -68,7 +68,7 @@ def random_model(cfg: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grammarrl.models import float32_head, resolve_device, resolve_dtype
+    from grammarrl.models.loading import float32_head, resolve_device, resolve_dtype
     from grammarrl.plan import model_config
 
     device = resolve_device(cfg.device)
@@ -196,7 +196,7 @@ def greedy_eval(bench: Any, module: Any, sizes: dict) -> dict[str, Any]:
     """Constrained greedy decoding of test prompts (the trained step's policy and decoder):
     examples per second one prompt at a time, and in one batch of `eval_batch`."""
     from benchmarks.common import real_prompts, timed
-    from grammarrl.models import resolve_device
+    from grammarrl.models.loading import resolve_device
 
     cfg = bench.config()
     _, prompts = real_prompts(cfg, module.tokenizer, sizes["eval_batch"])
@@ -323,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks.__main__ import quiet_logging
     from benchmarks.common import machine, release_memory
-    from grammarrl.atomic import write_json
     from grammarrl.decoding.cascade import supports_cascade
-    from grammarrl.models import resolve_device, resolve_dtype
+    from grammarrl.models.loading import resolve_device, resolve_dtype
+    from grammarrl.runs.atomic import write_json
 
     quiet_logging()
     if not args.tiny and not torch.cuda.is_available():

@@ -87,8 +87,8 @@ def download_wheels(folder: Path, python_version: str = DEVICE_PYTHON) -> list[P
 
 def save_tokenizer(folder: Path) -> None:
     """SmolLM2's tokenizer files, as the `tiny` model loads them here."""
-    from grammarrl.config import compose_job_config
-    from grammarrl.models import load_tokenizer
+    from grammarrl.job import compose_job_config
+    from grammarrl.models.loading import load_tokenizer
 
     cfg = compose_job_config(["model=tiny", "logger=none"])
     load_tokenizer(cfg.model, cfg.cache_dir).save_pretrained(folder)
@@ -96,7 +96,7 @@ def save_tokenizer(folder: Path) -> None:
 
 def conll_task(data_dir: str | Path | None, cache_dir: str | Path | None = None) -> Any:
     """The CoNLL task at the paper's settings on `data_dir` (None: the bundled samples)."""
-    from grammarrl.config import compose_job_config
+    from grammarrl.job import compose_job_config
     from grammarrl.tasks import load_task
 
     overrides = ["task=conll", "model=tiny", "logger=none", f"data.dir={data_dir or 'null'}"]
@@ -201,8 +201,8 @@ def load_carried_tokenizer(assets: Path) -> Any:
     """The carried tokenizer if the folder holds one, else the `tiny` model's, as loaded here."""
     from omegaconf import OmegaConf
 
-    from grammarrl.config import compose_job_config
-    from grammarrl.models import load_tokenizer
+    from grammarrl.job import compose_job_config
+    from grammarrl.models.loading import load_tokenizer
 
     cfg = compose_job_config(["model=tiny", "logger=none"])
     folder = assets / "tokenizer"

@@ -16,8 +16,8 @@ import lightning as L
 import torch
 
 from benchmarks.common import Bench, BenchResult, release_memory
-from grammarrl.models import with_kv_cache
-from grammarrl.module import policy_train_mode
+from grammarrl.models.loading import with_kv_cache
+from grammarrl.training.module import policy_train_mode
 
 PHASES = ("rollout", "scoring", "policy", "backward", "optimizer", "step")
 # Fixed σ's: the benchmark times a step, it does not need calibrated rewards.
@@ -35,11 +35,11 @@ def train_module(
 ) -> tuple[Any, list[dict[str, float]]]:
     """The GrammarRLModule after `steps` real training steps, and each step's wall time per
     phase; `record` (if given) receives each step's StepOutputs (rollouts, rewards, loss)."""
-    from grammarrl.callbacks import PhaseTimer
-    from grammarrl.datamodule import GrammarRLDataModule
-    from grammarrl.models import add_lora
-    from grammarrl.module import GrammarRLModule
+    from grammarrl.models.loading import add_lora
     from grammarrl.tasks import load_task
+    from grammarrl.training.callbacks import PhaseTimer
+    from grammarrl.training.datamodule import GrammarRLDataModule
+    from grammarrl.training.module import GrammarRLModule
 
     cfg = bench.config(*STEP_OVERRIDES, f"trainer.max_steps={steps}", *overrides)
     L.seed_everything(cfg.seed, verbose=False)
@@ -109,7 +109,7 @@ def prefix_sharing(
 def dtype_pair(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     """RL steps with the weights in float32 vs `model.dtype=auto` (bfloat16 on CUDA and on CPUs
     with native bf16); same inputs and seeds. The ratio is float32 step / auto step."""
-    from grammarrl.models import resolve_device, resolve_dtype
+    from grammarrl.models.loading import resolve_device, resolve_dtype
 
     common = (f"task={task_name}", "optim.batch_size=1")
     auto_cfg = bench.config(*common, "model.dtype=auto")
@@ -150,8 +150,8 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     The ratio is step / floor; `phase_ratio` says where the rest goes."""
     from transformers import StaticCache
 
-    from grammarrl.chat import encode_prompt
-    from grammarrl.models import reference_mode
+    from grammarrl.models.chat import encode_prompt
+    from grammarrl.models.loading import reference_mode
 
     record: list = []
     module, history = train_module(
@@ -269,7 +269,7 @@ def scaling(
 ) -> BenchResult:
     """Step time vs prompt length (few-shot count) and N, shared vs unshared. The ratio is how
     much more the unshared step grows from the smallest to the largest N than the shared one."""
-    from grammarrl.chat import encode_prompt
+    from grammarrl.models.chat import encode_prompt
     from grammarrl.tasks import load_task
 
     rows = []

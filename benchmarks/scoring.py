@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from benchmarks.common import Bench, BenchResult, interleaved, real_prompts
-from grammarrl.chat import end_of_turn_id
-from grammarrl.rewards import ReferenceScorer
-from grammarrl.scoring import Prefix, common_prefix_length
+from grammarrl.decoding.scoring import Prefix, common_prefix_length
+from grammarrl.models.chat import end_of_turn_id
+from grammarrl.rl.rewards import ReferenceScorer
 
 
 class _NoStaticForward(ReferenceScorer):

@@ -12,9 +12,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from experiments.runs import AggregationError, Evaluation, Run
-from grammarrl import curves
-from grammarrl.calibration import calibration_key, entries
-from grammarrl.results import mean_std
+from grammarrl.evaluation import curves
+from grammarrl.rl.calibration import calibration_key, entries
+from grammarrl.runs.results import mean_std
 from grammarrl.tasks import conll
 
 
@@ -49,7 +49,7 @@ def term_count(term: str) -> Callable[[list[dict[str, Any]]], float]:
 
 def read_metrics(run: Run) -> dict[str, list[tuple[int, float]]]:
     """Lightning's CSV metrics of a training run: column -> [(step, value)]
-    (`grammarrl.curves.read_metrics`)."""
+    (`grammarrl.evaluation.curves.read_metrics`)."""
     return curves.read_metrics(run.path)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from grammarrl.callbacks import RUN_RECORD
-from grammarrl.models import add_lora, load_model
+from grammarrl.models.loading import add_lora, load_model
+from grammarrl.training.callbacks import RUN_RECORD
 
 
 def checkpoint_adapter(run: Path, out: Path) -> int:

@@ -34,10 +34,10 @@ from experiments.intervals import COUNTS, RESAMPLES, SEED, micro_f1
 from experiments.runs import BASELINE, AggregationError, Evaluation, format_number
 from experiments.table_format import Block, Cell, Row, Table, to_latex, to_markdown
 from grammarrl.data.sources import relative_uid
-from grammarrl.metrics import entity_prf
-from grammarrl.results import mean_std
+from grammarrl.runs.results import mean_std
 from grammarrl.search.potentials import default_potential
 from grammarrl.tasks.conll import FIELDS, output_fields
+from grammarrl.tasks.metrics import entity_prf
 
 NAME = "comparison"
 TOLERANCE = 1e-9

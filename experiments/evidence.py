@@ -60,7 +60,7 @@ from experiments.runs import (
     where,
 )
 from experiments.table_format import Block, Cell, Row, Table
-from grammarrl.results import mean_std
+from grammarrl.runs.results import mean_std
 
 if TYPE_CHECKING:
     from experiments.runs import Sweep

@@ -13,8 +13,8 @@ from experiments.evidence_sigmas import Sigmas
 from experiments.evidence_training import TrainingRun, metric_label
 from experiments.runs import Evaluation, format_number
 from experiments.table_format import Block, Cell, Row, Table
-from grammarrl.results import mean_std
-from grammarrl.rloo import combine_rewards
+from grammarrl.rl.rloo import combine_rewards
+from grammarrl.runs.results import mean_std
 
 REFERENCE_LAMBDA = 0.5  # the paper's default λ: a fixed GrammarRL row and a combined-reward column
 MISSING = "missing"

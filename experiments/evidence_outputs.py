@@ -12,7 +12,7 @@ from experiments.analysis import read_predictions
 from experiments.evidence_mechanism import System, by_role
 from experiments.intervals import COUNTS
 from experiments.table_format import Block, Cell, Row, Table
-from grammarrl.results import mean_std
+from grammarrl.runs.results import mean_std
 
 
 def _counted(rows: Sequence[dict[str, Any]]) -> bool:

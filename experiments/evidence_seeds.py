@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from experiments.evidence_mechanism import System, by_role
 from experiments.evidence_training import TrainingRun, metric_label
 from experiments.table_format import Block, Cell, Row, Table
-from grammarrl.results import mean_std
+from grammarrl.runs.results import mean_std
 
 
 def seeds_table(runs: Sequence[TrainingRun], systems: Sequence[System]) -> Table | None:

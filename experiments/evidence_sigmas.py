@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.runs import Evaluation
-from grammarrl.calibration import calibration_conditions, calibration_key, differences, entries
 from grammarrl.errors import GrammarRLError
-from grammarrl.rundir import current_names
+from grammarrl.rl.calibration import calibration_conditions, calibration_key, differences, entries
+from grammarrl.runs.rundir import current_names
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ def training_sigmas(ev: Evaluation) -> Sigmas | None:
         return Sigmas(float(direct), float(reverse), "set in the run's config")
     checkpoint = ev.run.path / "checkpoints" / "last.ckpt"
     if checkpoint.is_file():
-        from grammarrl.callbacks import RUN_RECORD  # lightning: only when needed
-        from grammarrl.train import read_checkpoint
+        from grammarrl.training.callbacks import RUN_RECORD  # lightning: only when needed
+        from grammarrl.training.train import read_checkpoint
 
         try:
             record = read_checkpoint(checkpoint).get(RUN_RECORD) or {}

@@ -13,8 +13,8 @@ from experiments import analysis, figures
 from experiments.intervals import counts_of, f1_interval
 from experiments.runs import Evaluation, format_number
 from experiments.table_format import Block, Cell, Row, Table
-from grammarrl.callbacks import BEST_DEV_RECORD
 from grammarrl.export import TRAINED_KEYS
+from grammarrl.training.callbacks import BEST_DEV_RECORD
 
 if TYPE_CHECKING:
     from experiments.runs import Run

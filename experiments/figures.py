@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from experiments.runs import format_number
-from grammarrl.plots import panel_grid, save_figure
+from grammarrl.evaluation.plots import panel_grid, save_figure
 
 __all__ = ["Curve", "LambdaPoint", "against_lambda", "panel_grid", "training_curves"]
 

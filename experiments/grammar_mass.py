@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from grammarrl.calibration import dev_rollouts, within_group_std
-from grammarrl.config import compose_job_config, validate
-from grammarrl.models import load_model
-from grammarrl.module import summed_per_candidate
-from grammarrl.rloo import combine_rewards
+from grammarrl.job import compose_job_config, validate
+from grammarrl.models.loading import load_model
+from grammarrl.rl.calibration import dev_rollouts, within_group_std
+from grammarrl.rl.rloo import combine_rewards
 from grammarrl.tasks import load_task
+from grammarrl.training.module import summed_per_candidate
 
 
 def within_group_slope(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> float | None:

@@ -20,7 +20,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the sweep
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from grammarrl.config import CONF_DIR, compose_job_config, validate
+from grammarrl.config.checks import CONF_DIR
+from grammarrl.job import compose_job_config, validate
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:

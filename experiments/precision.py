@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.calibration import dev_rollouts, within_group_std
-from grammarrl.chat import encode_prompt
-from grammarrl.config import compose_job_config, validate
 from grammarrl.decoding import ConstrainedDecoder
-from grammarrl.models import load_model
-from grammarrl.rewards import ReferenceScorer
-from grammarrl.rloo import combine_rewards
-from grammarrl.rollout import RolloutBatch
+from grammarrl.job import compose_job_config, validate
+from grammarrl.models.chat import encode_prompt
+from grammarrl.models.loading import load_model
+from grammarrl.rl.calibration import dev_rollouts, within_group_std
+from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.rl.rloo import combine_rewards
+from grammarrl.rl.rollout import RolloutBatch
 from grammarrl.tasks import Task, load_task
 
 DTYPES = ("float32", "bfloat16")

@@ -2,7 +2,7 @@
 
 A *run* is a job directory: it holds Hydra's `.hydra/config.yaml` and, when the job finished,
 one or more results files (`results.json`, `results_beam.json`, `results_baseline.json`, ...,
-schema in `grammarrl.results`). Every results file becomes one `Evaluation`: a system
+schema in `grammarrl.runs.results`). Every results file becomes one `Evaluation`: a system
 (the frozen baseline, the GrammarRL adapter, or a search method) decoded one way on the seeded
 test sets. A run without any results file is kept as *missing* (a failed or unfinished job),
 never dropped silently; a job that failed says why in its `failed.json` (`Run.failure`).
@@ -21,8 +21,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from grammarrl.results import mean_std, predictions_name
-from grammarrl.rundir import current_names, read_record
+from grammarrl.runs.results import mean_std, predictions_name
+from grammarrl.runs.rundir import current_names, read_record
 
 RESULTS_GLOB = "results*.json"
 BASELINE = "baseline"

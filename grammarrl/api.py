@@ -101,7 +101,7 @@ class Policy:
     ) -> list[Output]:
         import torch
 
-        from grammarrl.evaluate import decode_examples
+        from grammarrl.evaluation.evaluate import decode_examples
 
         with torch.no_grad():
             gens = decode_examples(
@@ -118,7 +118,7 @@ class Policy:
         return [self._output(gens[ex.uid]) for ex in examples]
 
     def _output(self, gen: Any) -> Output:
-        from grammarrl.evaluate import is_valid
+        from grammarrl.evaluation.evaluate import is_valid
 
         valid = is_valid(self.task, gen)
         return Output(gen.text, self.task.parse(gen.text) if valid else None, valid)
@@ -146,8 +146,8 @@ def run_config(path: Path) -> tuple[dict[str, Any], Path | None]:
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> Policy:
     """Load a policy from a training run, its adapter directory or an exported folder."""
-    from grammarrl.config import validate
-    from grammarrl.models import load_adapter, load_model
+    from grammarrl.job import validate
+    from grammarrl.models.loading import load_adapter, load_model
     from grammarrl.tasks import load_task
 
     config, adapter = run_config(Path(path))

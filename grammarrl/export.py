@@ -18,10 +18,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from grammarrl.atomic import write_json
-from grammarrl.chat import end_of_turn_id
-from grammarrl.results import config_dict
-from grammarrl.rundir import read_record, run_dir
+from grammarrl.models.chat import end_of_turn_id
+from grammarrl.runs.atomic import write_json
+from grammarrl.runs.results import config_dict
+from grammarrl.runs.rundir import read_record, run_dir
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ eval.adapter=...`.
 
 def run_export(cfg: DictConfig) -> dict[str, Any]:
     """Merge `eval.adapter` into the base model and write the folder (module docstring)."""
-    from grammarrl.evaluate import load_evaluated_model
+    from grammarrl.evaluation.evaluate import load_evaluated_model
     from grammarrl.tasks import load_task
 
     out = export_dir(cfg)

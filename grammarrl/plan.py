@@ -127,7 +127,7 @@ def model_config(model_cfg: DictConfig, cache_dir: str | Path) -> Any:
     the paper's models' published dimensions."""
     from transformers import AutoConfig, LlamaConfig
 
-    from grammarrl.models import _in_hub_cache, _weights_path
+    from grammarrl.models.loading import _in_hub_cache, _weights_path
 
     if model_cfg.source == "tiny":
         return LlamaConfig(
@@ -190,7 +190,7 @@ def saved_activation_bytes(
     """Bytes autograd keeps for backward after the policy pass of one input: its prompt once,
     then its candidates packed after it (`sequence_logprobs` with a shared prefix), counting
     each storage once and leaving out the model's own weights."""
-    from grammarrl.scoring import sequence_logprobs
+    from grammarrl.decoding.scoring import sequence_logprobs
 
     weights = {p.untyped_storage()._cdata for p in policy.parameters()}
     saved: dict[int, int] = {}
@@ -216,12 +216,12 @@ def build_policy(
     checkpointing: bool,
     device: str | torch.device = "meta",
 ) -> torch.nn.Module:
-    """The training policy as `grammarrl.train` builds it (half-precision weights with a float32
+    """The training policy as `grammarrl.training.train` builds it (half-precision weights with a float32
     head, LoRA, optional activation checkpointing, train mode without dropout), on `device`."""
     from transformers import AutoModelForCausalLM
 
-    from grammarrl.models import add_lora, enable_activation_checkpointing, float32_head
-    from grammarrl.module import policy_train_mode
+    from grammarrl.models.loading import add_lora, enable_activation_checkpointing, float32_head
+    from grammarrl.training.module import policy_train_mode
 
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -243,8 +243,8 @@ def plan_step(
 ) -> MemoryPlan:
     """The peak of one RL step of `cfg` with prompts of `prompt_tokens` and every candidate
     `candidate_tokens` long (N samples and the beam winner per input)."""
-    from grammarrl.config import device_type
-    from grammarrl.models import resolve_dtype
+    from grammarrl.config.checks import device_type
+    from grammarrl.models.loading import resolve_dtype
 
     device = torch.device(device_type(cfg.device))  # the run's device, not necessarily this one
     dtype = resolve_dtype(cfg.model.dtype, device)
@@ -304,8 +304,8 @@ def _kv_dim(config: Any) -> int:
 def longest_prompt(cfg: DictConfig, sample: int = PROMPT_SAMPLE) -> tuple[int, str]:
     """Tokens of the longest training prompt among the first `sample` training inputs, with the
     model's tokenizer when it is available locally, else SmolLM2's (named in the result)."""
-    from grammarrl.chat import encode_prompt
-    from grammarrl.models import load_tokenizer
+    from grammarrl.models.chat import encode_prompt
+    from grammarrl.models.loading import load_tokenizer
     from grammarrl.tasks import load_task
 
     try:
@@ -325,7 +325,7 @@ def longest_prompt(cfg: DictConfig, sample: int = PROMPT_SAMPLE) -> tuple[int, s
 def runtime_bytes(cfg: DictConfig) -> int:
     """What a training process holds besides weights, optimizer state and activations: on CPU
     the measured `CPU_RUNTIME_GIB`, on CUDA the assumed `CUDA_RUNTIME_GIB`."""
-    from grammarrl.config import device_type
+    from grammarrl.config.checks import device_type
 
     return int((CUDA_RUNTIME_GIB if device_type(cfg.device) == "cuda" else CPU_RUNTIME_GIB) * GIB)
 
@@ -352,8 +352,9 @@ def format_plan(plan: MemoryPlan, notes: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grammarrl.config import compose_job_config, device_type, validate
-    from grammarrl.logs import quiet_third_party
+    from grammarrl.config.checks import device_type
+    from grammarrl.job import compose_job_config, validate
+    from grammarrl.runs.logs import quiet_third_party
 
     parser = argparse.ArgumentParser(
         prog="python -m grammarrl.plan", description=__doc__.split("\n\n")[0]

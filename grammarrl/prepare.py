@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from grammarrl.models import load_tokenizer
+from grammarrl.models.loading import load_tokenizer
 from grammarrl.tasks import load_task
 from grammarrl.tasks.grammar_check import GrammarChecker
 

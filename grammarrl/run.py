@@ -1,13 +1,13 @@
 """Hydra entry point: `python -m grammarrl.run [mode=...] [task=...] [model=...] [overrides]`.
 
 Thin on purpose: check the config and the run directory, then hand the config to the mode's
-function in the package, inside the job's W&B run (`grammarrl.tracking`).
+function in the package, inside the job's W&B run (`grammarrl.runs.tracking`).
 
 Order of a job, all before any model or data is loaded and before the run directory is
 touched: the config is validated once (unknown keys, bad values, contradictions; for a single
 run and `--cfg` before Hydra starts, and the job runs with the config so checked), the run
 directory's record decides whether the job is skipped (its results exist under the same
-settings), continues, or is refused (`grammarrl.rundir`), and the environment is checked (W&B
+settings), continues, or is refused (`grammarrl.runs.rundir`), and the environment is checked (W&B
 credentials, device, the model's files, the adapter, the calibration file, a checkpoint to
 resume: found once, handed to the mode's function). A job that fails writes `failed.json` (error,
 type, mode) into its run directory, removed once it succeeds; in a multirun the failure is
@@ -28,12 +28,12 @@ import hydra
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from grammarrl import rundir, tracking
-from grammarrl.atomic import write_json
-from grammarrl.config import compose_job_config, validate
 from grammarrl.errors import ConfigError, GrammarRLError
-from grammarrl.logs import quiet_third_party
-from grammarrl.rundir import hydra_run_dir
+from grammarrl.job import compose_job_config, validate
+from grammarrl.runs import rundir, tracking
+from grammarrl.runs.atomic import write_json
+from grammarrl.runs.logs import quiet_third_party
+from grammarrl.runs.rundir import hydra_run_dir
 from grammarrl.tasks.custom_spec import run_task_name
 
 log = logging.getLogger("grammarrl")
@@ -43,9 +43,9 @@ OmegaConf.register_new_resolver("grammarrl.task_name", run_task_name, replace=Tr
 # check found for it as keywords (`preflight`: train's `resume`).
 MODE_HANDLERS = {
     "prepare": "grammarrl.prepare:run_prepare",
-    "eval": "grammarrl.evaluate:run_eval",
-    "calibrate": "grammarrl.calibration:run_calibrate",
-    "train": "grammarrl.train:run_train",
+    "eval": "grammarrl.evaluation.evaluate:run_eval",
+    "calibrate": "grammarrl.rl.calibration:run_calibrate",
+    "train": "grammarrl.training.train:run_train",
     "search": "grammarrl.search.run:run_search",
     "diagnose": "grammarrl.diagnosis.run:run_diagnose",
     "export": "grammarrl.export:run_export",
@@ -61,8 +61,8 @@ def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> dict[str,
     model's files, the adapter to evaluate, the calibration file, and (train) the checkpoint the
     run would resume from, unless the plan deletes it. Returns what the mode's function takes
     from them, so that it does not find it again: `resume` (train)."""
-    from grammarrl.calibration import check_calibration_file
-    from grammarrl.models import check_adapter_dir, check_model_source, resolve_device
+    from grammarrl.models.loading import check_adapter_dir, check_model_source, resolve_device
+    from grammarrl.rl.calibration import check_calibration_file
 
     tracking.check_logger(cfg)
     resolve_device(cfg.device)
@@ -71,7 +71,7 @@ def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> dict[str,
         check_adapter_dir(cfg.eval.adapter)
     check_calibration_file(cfg)
     if cfg.mode == "train" and out is not None and out / "checkpoints" not in plan.remove:
-        from grammarrl.train import resolve_resume
+        from grammarrl.training.train import resolve_resume
 
         return {"resume": resolve_resume(cfg, out)}
     return {}

@@ -88,7 +88,7 @@ def tok(tiny):
 @pytest.fixture(scope="module")
 def prompts(tok) -> list[list[int]]:
     """Three chat prompts of different lengths, encoded."""
-    from grammarrl.chat import encode_prompt
+    from grammarrl.models.chat import encode_prompt
     from tests.support.decoding import MESSAGES
 
     return [encode_prompt(tok, [{"role": "user", "content": m}]) for m in MESSAGES]
@@ -105,7 +105,7 @@ def cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny(cache_dir):
     """(model, tokenizer) for the randomly initialised `tiny` Llama on CPU."""
-    from grammarrl.models import load_model
+    from grammarrl.models.loading import load_model
 
     cfg = compose_config(["model=tiny"])
     return load_model(cfg.model, cache_dir, device="cpu")
@@ -123,7 +123,7 @@ def real_data_dir() -> Path:
 def train_in(work: Path, cfg: DictConfig):
     """`run_train(cfg)` with `work` as the working directory (the run dir goes under
     work/outputs): (run dir, results)."""
-    from grammarrl.train import run_train
+    from grammarrl.training.train import run_train
 
     previous = os.getcwd()
     os.chdir(work)

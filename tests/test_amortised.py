@@ -12,14 +12,14 @@ import math
 import pytest
 import torch
 
-from grammarrl.amortised import candidate_indices, resample
-from grammarrl.chat import encode_prompt
+from grammarrl.decoding.scoring import sequence_logprobs
 from grammarrl.errors import ConfigError
-from grammarrl.models import add_lora, reference_mode
-from grammarrl.module import GrammarRLModule
-from grammarrl.scoring import sequence_logprobs
+from grammarrl.models.chat import encode_prompt
+from grammarrl.models.loading import add_lora, reference_mode
 from grammarrl.search.run import search_examples
 from grammarrl.tasks import load_task
+from grammarrl.training.amortised import candidate_indices, resample
+from grammarrl.training.module import GrammarRLModule
 from tests.conftest import compose_config, train_in
 from tests.test_module import STEP
 
@@ -178,7 +178,7 @@ def test_rloo_step_unchanged_and_its_forward_passes_counted(tiny):
 
 
 def test_config_validation_of_the_new_keys(tmp_path):
-    from grammarrl.config import validate
+    from grammarrl.job import validate
 
     with pytest.raises(ConfigError, match="train.objective='ppo'"):
         validate(compose_config([*BASE, "train.objective=ppo"]))
@@ -193,8 +193,8 @@ def test_config_validation_of_the_new_keys(tmp_path):
 def test_a_run_of_another_objective_or_init_adapter_is_not_continued(tmp_path):
     """A run dir recorded before the keys existed reads as rloo from a fresh adapter; a job with
     another objective or start adapter is refused there (no skip, no resume)."""
-    from grammarrl import rundir
-    from grammarrl.atomic import write_json
+    from grammarrl.runs import rundir
+    from grammarrl.runs.atomic import write_json
 
     cfg = compose_config(["model=tiny", "mode=train", "logger=none"])
     rundir.commit(cfg, tmp_path, rundir.Plan())

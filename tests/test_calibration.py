@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grammarrl.calibration import (
+from grammarrl.rl.calibration import (
     calibration_conditions,
     check_calibration_file,
     lookup_sigmas,
@@ -103,7 +103,7 @@ def test_entries_are_keyed_by_dev_size_and_kept_side_by_side(tmp_path, caplog):
 def test_calibration_log_states_the_real_number_of_inputs(tiny, tmp_path, caplog):
     import logging
 
-    from grammarrl.calibration import calibrate
+    from grammarrl.rl.calibration import calibrate
     from grammarrl.tasks import load_task
 
     model, tok = tiny
@@ -158,7 +158,7 @@ def test_runs_on_other_test_sets_or_training_seeds_share_the_sigmas(tmp_path, ca
 
 
 def test_calibration_samples_follow_the_calibration_seed(tiny, tmp_path):
-    from grammarrl.calibration import calibrate
+    from grammarrl.rl.calibration import calibrate
     from grammarrl.tasks import load_task
 
     model, tok = tiny
@@ -175,19 +175,19 @@ def test_calibration_samples_follow_the_calibration_seed(tiny, tmp_path):
 
 def _calibrate_on(monkeypatch, cfg, direct, reverse, valid=None):
     """`calibrate` on dev rollouts with these rewards (one group per row), no model."""
-    from grammarrl.calibration import calibrate
+    from grammarrl.rl.calibration import calibrate
 
     direct, reverse = torch.tensor(direct), torch.tensor(reverse)
     valid = torch.ones_like(direct, dtype=torch.bool) if valid is None else torch.tensor(valid)
     batch = SimpleNamespace(direct=direct, reverse=reverse, valid=valid)
-    monkeypatch.setattr("grammarrl.calibration.dev_rollouts", lambda *args: [batch])
+    monkeypatch.setattr("grammarrl.rl.calibration.dev_rollouts", lambda *args: [batch])
     task = SimpleNamespace(splits=lambda: SimpleNamespace(dev=list(range(len(direct)))))
     return calibrate(cfg, None, None, task)
 
 
 def test_a_sigma_of_zero_or_nan_is_refused_saying_why_and_nothing_is_stored(tmp_path, monkeypatch):
-    from grammarrl.calibration import CalibrationError
-    from grammarrl.train import resolve_sigmas
+    from grammarrl.rl.calibration import CalibrationError
+    from grammarrl.training.train import resolve_sigmas
 
     cfg = _cfg(tmp_path, "task=conll", "model=smollm2")
     spread = [[1.0, 2.0, 4.0], [0.0, 1.0, 3.0]]
@@ -254,8 +254,8 @@ def test_a_corrupt_calibration_file_is_named_before_any_model_loads_and_kept(tmp
     def loaded(*args, **kwargs):
         raise AssertionError("a model was loaded before the calibration file was read")
 
-    monkeypatch.setattr("grammarrl.models.load_model", loaded)
-    monkeypatch.setattr("grammarrl.train.load_model", loaded)
+    monkeypatch.setattr("grammarrl.models.loading.load_model", loaded)
+    monkeypatch.setattr("grammarrl.training.train.load_model", loaded)
     monkeypatch.chdir(tmp_path)  # a run that got through would write its outputs here
     for mode in ("train", "calibrate", "diagnose"):
         job = _cfg(tmp_path, "model=tiny", "logger=none", f"mode={mode}")

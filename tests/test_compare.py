@@ -15,7 +15,7 @@ import yaml
 
 from experiments import aggregate as agg
 from experiments import compare
-from grammarrl.results import build_results
+from grammarrl.runs.results import build_results
 from grammarrl.tasks.conll import FIELDS
 from tests.support.runs import md_rows
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grammarrl.config import validate
 from grammarrl.errors import ConfigError
+from grammarrl.job import validate
 from tests.conftest import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_every_trainer_argument_lightning_takes_is_accepted():
 
     from lightning.pytorch import Trainer
 
-    from grammarrl.schema import TRAINER_SET, TrainerSchema
+    from grammarrl.config.schema import TRAINER_SET, TrainerSchema
 
     configured = {f.name for f in fields(TrainerSchema)}
     refused = {*TRAINER_SET, "callbacks"}
@@ -115,9 +115,9 @@ def test_trainer_arguments_grammarrl_sets_or_misspelt_are_refused(override, mess
 
 
 def test_added_trainer_arguments_reach_the_trainer(tmp_path):
-    from grammarrl.callbacks import BestDevAdapter
-    from grammarrl.progress import StepProgressBar
-    from grammarrl.train import build_trainer
+    from grammarrl.runs.progress import StepProgressBar
+    from grammarrl.training.callbacks import BestDevAdapter
+    from grammarrl.training.train import build_trainer
 
     added = ["+trainer.precision=bf16-mixed", "+trainer.enable_progress_bar=false"]
     cfg = compose_config(["logger=none", "device=cpu", *added])
@@ -213,7 +213,7 @@ def test_bad_values_are_refused_before_any_model_loads(overrides, key, tmp_path,
         raise AssertionError("data or a model was loaded before the config was refused")
 
     monkeypatch.setattr("grammarrl.tasks.load_task", loaded)
-    monkeypatch.setattr("grammarrl.models.load_model", loaded)
+    monkeypatch.setattr("grammarrl.models.loading.load_model", loaded)
     with pytest.raises(ConfigError) as err:
         dispatch(compose_config(["model=tiny", "logger=wandb", *overrides]))
     assert str(err.value).startswith(key) and "\n" not in str(err.value)

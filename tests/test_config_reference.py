@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from grammarrl import config_reference
-from grammarrl.schema import SCALARS, SCHEMAS, Key, key
+from grammarrl.config import reference as config_reference
+from grammarrl.config.schema import SCALARS, SCHEMAS, Key, key
 
 
 def test_every_key_has_a_description():

@@ -11,11 +11,14 @@ import pytest
 import torch
 
 from benchmarks import common, device
-from grammarrl import config as config_module
-from grammarrl import models, plan, rng, rundir, timing, train
+from grammarrl import job, plan
+from grammarrl.config import checks as config_module
 from grammarrl.decoding import ConstrainedDecoder, cascade
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer
-from grammarrl.scoring import _gather_logprobs
+from grammarrl.decoding.scoring import _gather_logprobs
+from grammarrl.models import loading as models
+from grammarrl.runs import rng, rundir, timing
+from grammarrl.training import train
 from tests.conftest import compose_config
 from tests.support.decoding import JSON_GRAMMAR
 
@@ -104,7 +107,7 @@ def test_grammar_masks_follow_a_model_that_moved(model, tok, prompts):
 def test_trained_policy_is_evaluated_on_the_run_device(monkeypatch):
     """trained_eval.py:evaluate_trained moves the policy back to the run's device before the
     test evaluations (Lightning's teardown after `fit` leaves it on the CPU)."""
-    from grammarrl import trained_eval
+    from grammarrl.training import trained_eval
 
     seen: list[str] = []
 
@@ -142,7 +145,7 @@ def test_auto_device_and_dtype_on_a_cuda_machine(cuda_present):
     cfg = compose_config(["model=tiny", "device=auto", "model.dtype=auto"])
     assert rundir.resolved_settings(cfg) == {"device": "cuda", "dtype": "bfloat16"}
     gpu = compose_config(["model=tiny", "trainer.accelerator=gpu"])
-    config_module.validate(gpu)  # accelerator=gpu agrees with device=auto on a CUDA machine
+    job.validate(gpu)  # accelerator=gpu agrees with device=auto on a CUDA machine
 
 
 def test_load_model_on_cuda(cuda_present, cache_dir, monkeypatch):

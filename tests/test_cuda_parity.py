@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from benchmarks.device_setup import assets_dir, load_carried_tokenizer
-from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.decoding.cascade import supports_cascade
-from grammarrl.models import add_lora, build_tiny
-from grammarrl.module import GrammarRLModule
-from grammarrl.rewards import ReferenceScorer
+from grammarrl.models.chat import encode_prompt, end_of_turn_id
+from grammarrl.models.loading import add_lora, build_tiny
+from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.tasks import load_task
+from grammarrl.training.module import GrammarRLModule
 from tests.conftest import compose_config
 from tests.support.decoding import JSON_GRAMMAR, MESSAGES
 from tests.support.devices import DEVICES

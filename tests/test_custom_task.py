@@ -20,10 +20,10 @@ import pytest
 import torch
 import yaml
 
-from grammarrl.chat import encode_prompt, end_of_turn_id
-from grammarrl.config import validate
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import ConfigError, DataError
+from grammarrl.job import validate
+from grammarrl.models.chat import encode_prompt, end_of_turn_id
 from grammarrl.tasks import load_task
 from grammarrl.tasks.custom import CustomTask
 from grammarrl.tasks.custom_grammar import ByteGrammarChecker
@@ -423,7 +423,7 @@ def test_a_custom_tasks_run_directory_is_named_after_its_spec(tmp_path):
     from hydra import compose, initialize_config_dir
 
     import grammarrl.run  # noqa: F401  (registers the run directory's resolver)
-    from grammarrl.config import CONF_DIR
+    from grammarrl.config.checks import CONF_DIR
 
     def run_dir(*overrides: str) -> str:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -488,7 +488,7 @@ def test_the_command_lines_config_trains_with_the_specs_batch_lr_and_steps(tmp_p
     """A single run's config is resolved before its job starts (`compose_job_config`): the
     spec's batch_size, lr and max_steps reach optim.* and trainer.max_steps there too, as in a
     sweep's jobs; a value on the command line still wins."""
-    from grammarrl.config import compose_job_config
+    from grammarrl.job import compose_job_config
 
     spec = spec_file(tmp_path, batch_size=2, lr=3e-5, max_steps=12)
     cfg = compose_job_config(["task=custom", f"task.spec={spec}", "model=tiny"])
@@ -624,7 +624,7 @@ def test_byte_checker_is_the_grammar_language():
 def test_unlabelled_data_trains_and_reports_the_metric_unavailable(tmp_path, monkeypatch):
     """No gold output anywhere: σ's are calibrated on the dev inputs, two RL steps run, the
     adapter is saved and evaluated; the metric is `exact_match_unavailable`, NaN."""
-    from grammarrl.train import run_train
+    from grammarrl.training.train import run_train
 
     write_jsonl(
         tmp_path / "train.jsonl", [{"text": f"ticket {i} for order {i}"} for i in range(40)]

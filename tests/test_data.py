@@ -209,7 +209,7 @@ def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split():
     followed by the rest of the dev pool, up to train.val_size (default 200)."""
     from grammarrl.data.sources import SkipLog
     from grammarrl.data.splits import make_splits
-    from grammarrl.datamodule import GrammarRLDataModule
+    from grammarrl.training.datamodule import GrammarRLDataModule
 
     def pool(kind: str, n: int) -> list[Example]:
         return [Example(f"{kind}:{i}", f"{kind} text {i}", "t") for i in range(n)]

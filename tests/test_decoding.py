@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import BeamResult, ConstrainedDecoder, GrammarError
+from grammarrl.models.chat import encode_prompt, end_of_turn_id
 from tests.support.decoding import (
     COLORS,
     FINITE_GRAMMAR,
@@ -340,7 +340,7 @@ def test_logits_wider_than_the_vocabulary(model, tok, prompts):
 def test_peft_model_and_training_mode(model, tok, prompts):
     import copy
 
-    from grammarrl.models import add_lora
+    from grammarrl.models.loading import add_lora
     from tests.conftest import compose_config
 
     cfg = compose_config(["model=tiny"])

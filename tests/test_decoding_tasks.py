@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder
+from grammarrl.models.chat import encode_prompt, end_of_turn_id
 from grammarrl.tasks import load_task
 from tests.conftest import BUILTIN_TASKS, compose_config
 from tests.support.decoding import EndBias, check_validity

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from grammarrl.config import validate
 from grammarrl.diagnosis.candidates import Group
 from grammarrl.diagnosis.concordance import ALL, Pair, concordance, pairs_of
 from grammarrl.diagnosis.perturb import (
@@ -33,6 +32,7 @@ from grammarrl.diagnosis.selection import (
 )
 from grammarrl.diagnosis.verdict import make_verdict
 from grammarrl.errors import ConfigError
+from grammarrl.job import validate
 from grammarrl.types import Example
 from tests.conftest import REPO, compose_config
 
@@ -357,7 +357,7 @@ def test_bad_diagnose_values_are_refused_before_any_model_loads(override, key, m
         raise AssertionError("data or a model was loaded before the config was refused")
 
     monkeypatch.setattr("grammarrl.tasks.load_task", loaded)
-    monkeypatch.setattr("grammarrl.models.load_model", loaded)
+    monkeypatch.setattr("grammarrl.models.loading.load_model", loaded)
     with pytest.raises(ConfigError) as err:
         dispatch(compose_config(["model=tiny", "logger=none", "mode=diagnose", override]))
     assert str(err.value).startswith(key) and "\n" not in str(err.value)
@@ -395,8 +395,8 @@ def test_diagnose_end_to_end_on_tiny_writes_its_files(tmp_path, cache_dir):
     assert table["wants_refund"]["pairs"] == 2
     assert record["verdict"]["text"] in (out / "diagnosis.md").read_text()
     # the same job again is skipped (its diagnosis.json is there); training's keys do not count
-    from grammarrl.config import compose_job_config
-    from grammarrl.rundir import plan_job
+    from grammarrl.job import compose_job_config
+    from grammarrl.runs.rundir import plan_job
 
     same = compose_job_config([*command[3:-1], "trainer.max_steps=7", "lora.r=4"])
     validate(same)  # composed and checked as the command line does

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grammarrl.config import compose_job_config, validate
+from grammarrl.job import compose_job_config, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/getting-started.md")

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from grammarrl import evaluate as evaluate_module
-from grammarrl.atomic import write_json
-from grammarrl.evaluate import evaluate, run_eval
-from grammarrl.results import (
+from grammarrl.evaluation import evaluate as evaluate_module
+from grammarrl.evaluation.evaluate import evaluate, run_eval
+from grammarrl.runs.atomic import write_json
+from grammarrl.runs.results import (
     REQUIRED_KEYS,
     build_results,
     mean_std,
     predictions_name,
     write_results,
 )
-from grammarrl.rundir import run_dir
+from grammarrl.runs.rundir import run_dir
 from grammarrl.tasks import load_task
 from tests.conftest import compose_config
 
@@ -149,8 +149,8 @@ def test_score_rewards_gives_each_output_its_reference_reward(tiny, task, tmp_pa
     """eval.score_rewards: every row carries R_direct / R_reverse of its output, equal to the
     mean teacher-forced log-probs of the output's tokens (direct) and of the input given the
     output (reverse) under the model; per-set means are over the set's rows."""
-    from grammarrl.chat import encode_prompt
-    from grammarrl.scoring import sequence_logprobs
+    from grammarrl.decoding.scoring import sequence_logprobs
+    from grammarrl.models.chat import encode_prompt
 
     model, tok = tiny
     cfg = eval_config("eval.score_rewards=true", "eval.num_test_sets=2")
@@ -191,8 +191,8 @@ def test_score_rewards_gives_each_output_its_reference_reward(tiny, task, tmp_pa
 
 @pytest.mark.parametrize("length_penalty", [0.0, 1.0])
 def test_beam_eval_matches_the_decoder(tiny, task, tmp_path, length_penalty):
-    from grammarrl.chat import encode_prompt
     from grammarrl.decoding import ConstrainedDecoder
+    from grammarrl.models.chat import encode_prompt
 
     model, tok = tiny
     cfg = eval_config(
@@ -219,7 +219,7 @@ def test_run_eval_with_an_adapter(tiny, tmp_path, monkeypatch):
     """eval.adapter loads a saved PEFT adapter onto the base model: predictions change."""
     import copy
 
-    from grammarrl.models import add_lora
+    from grammarrl.models.loading import add_lora
 
     model, _ = tiny
     cfg = eval_config("eval.num_test_sets=1")

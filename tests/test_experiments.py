@@ -1,5 +1,5 @@
 """Aggregation of sweep outputs into the paper's tables and figures, on fixture run directories
-written with the real results schema (grammarrl.results); sweep expansion; launcher configs."""
+written with the real results schema (grammarrl.runs.results); sweep expansion; launcher configs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from experiments import aggregate as agg
 from experiments import analysis, jobs, paper_tables
 from experiments.runs import AggregationError, load_sweep
-from grammarrl.config import CONF_DIR, validate
+from grammarrl.config.checks import CONF_DIR
+from grammarrl.job import validate
 from tests.conftest import compose_config
 from tests.support.runs import conll, make_run, md_rows, read_results
 
@@ -401,7 +402,7 @@ def test_a_panel_grid_of_many_runs_draws_every_run_its_own_way(tmp_path: Path, m
     the 1st and 2nd by their line style, in the panels and in the legend."""
     from matplotlib.colors import to_rgba
 
-    from grammarrl import plots
+    from grammarrl.evaluation import plots
 
     figures = []
     monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig) or path)

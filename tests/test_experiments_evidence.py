@@ -1,5 +1,5 @@
 """Evidence II aggregation (`python -m experiments.aggregate evidence2 TRAIN BASELINES [PROPOSAL]`)
-on fixture sweeps written with the real results schema (grammarrl.results) and the real
+on fixture sweeps written with the real results schema (grammarrl.runs.results) and the real
 composed evidence2 configs: the dev-only choice, paired differences, combined rewards from the
 σ's, the refusal of rows scored on other test sets, partial studies."""
 
@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from experiments import aggregate as agg
 from experiments import evidence_training
 from experiments.runs import AggregationError
-from grammarrl.calibration import calibration_conditions
-from grammarrl.results import build_results, mean_std, write_results
+from grammarrl.rl.calibration import calibration_conditions
+from grammarrl.runs.results import build_results, mean_std, write_results
 from tests.conftest import compose_config
 from tests.support.runs import make_run, md_rows
 
@@ -73,7 +73,7 @@ def write_eval(
     name: str = "results",
     **extra: Any,
 ) -> None:
-    """A results file as grammarrl.evaluate / grammarrl.search.run write it (per-set rewards
+    """A results file as grammarrl.evaluation.evaluate / grammarrl.search.run write it (per-set rewards
     with eval.score_rewards)."""
     per_set = []
     for index, score in enumerate(scores):

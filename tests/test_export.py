@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from grammarrl.chat import encode_prompt
-from grammarrl.config import validate
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import ConfigError, GrammarRLError
-from grammarrl.evaluate import load_evaluated_model
+from grammarrl.evaluation.evaluate import load_evaluated_model
 from grammarrl.export import GRAMMAR_FILE, run_export
-from grammarrl.models import add_lora, load_model
+from grammarrl.job import validate
+from grammarrl.models.chat import encode_prompt
+from grammarrl.models.loading import add_lora, load_model
 from grammarrl.tasks import load_task
 from tests.conftest import compose_config
 
@@ -96,7 +96,8 @@ def test_export_needs_an_adapter():
 
 
 def test_api_loads_a_run_and_its_export_and_generates_what_the_decoder_does(tmp_path, cache_dir):
-    from grammarrl import api, rundir
+    from grammarrl import api
+    from grammarrl.runs import rundir
 
     cfg = compose_config([*TINY, "model.dtype=float32", "mode=train"])
     run = tmp_path / "run"

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from grammarrl.logs import quiet_third_party
+from grammarrl.runs.logs import quiet_third_party
 
 
 def test_known_noise_is_dropped_and_other_messages_kept(caplog):

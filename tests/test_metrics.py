@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from grammarrl.metrics import (
+from grammarrl.tasks.metrics import (
     PRF,
     corpus_bleu,
     entity_prf,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grammarrl.errors import ModelError
-from grammarrl.model_cache import smollm2_gguf_path
-from grammarrl.models import (
+from grammarrl.models.cache import smollm2_gguf_path
+from grammarrl.models.loading import (
     add_lora,
     load_adapter,
     load_model,
@@ -142,7 +142,7 @@ def test_model_cache_is_shared_across_install_paths(tmp_path):
     rebuilt it and a concurrent reader crashed on the half-replaced directory."""
     import json
 
-    from grammarrl.model_cache import CACHE_STAMP, smollm2_cache
+    from grammarrl.models.cache import CACHE_STAMP, smollm2_cache
 
     first, second = tmp_path / "venv-a" / "m.gguf", tmp_path / "venv-b" / "m.gguf"
     for gguf in (first, second):
@@ -157,7 +157,7 @@ def test_model_cache_is_shared_across_install_paths(tmp_path):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_dtype_is_bf16_only_on_cpus_that_have_it(monkeypatch, native):
-    from grammarrl import models
+    from grammarrl.models import loading as models
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -170,7 +170,7 @@ def test_auto_dtype_is_bf16_only_on_cpus_that_have_it(monkeypatch, native):
 def test_half_precision_weights_get_float32_logits(cache_dir):
     """bf16 weights, float32 logits from a float32 head untied from the embeddings; LoRA
     parameters stay float32 and the head stays out of training."""
-    from grammarrl.models import add_lora
+    from grammarrl.models.loading import add_lora
 
     cfg = compose_config(["model=tiny", "model.dtype=bfloat16"])
     model, _ = load_model(cfg.model, cache_dir, device="cpu")
@@ -188,7 +188,7 @@ def test_half_precision_weights_get_float32_logits(cache_dir):
 def test_steady_cpu_allocator_leaves_a_users_malloc_setting(monkeypatch):
     import ctypes.util
 
-    from grammarrl.models import steady_cpu_allocator
+    from grammarrl.models.loading import steady_cpu_allocator
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert steady_cpu_allocator.__wrapped__() is False

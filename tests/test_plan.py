@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from grammarrl.config import compose_job_config
+from grammarrl.job import compose_job_config
 from grammarrl.plan import (
     GIB,
     build_policy,

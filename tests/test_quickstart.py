@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grammarrl.config import validate
+from grammarrl.job import validate
 from grammarrl.tasks import load_task
 from tests.conftest import compose_config
 

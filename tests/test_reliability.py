@@ -26,14 +26,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import grammarrl.module
-from grammarrl.atomic import AtomicWriteError, write_json
+import grammarrl.training.module
 from grammarrl.data.sources import SAMPLES_DIR
 from grammarrl.errors import ConfigError, DataError, GrammarRLError, ModelError
-from grammarrl.module import NonFiniteLossError
-from grammarrl.results import config_dict, write_results
+from grammarrl.runs.atomic import AtomicWriteError, write_json
+from grammarrl.runs.results import config_dict, write_results
 from grammarrl.tasks import load_task
-from grammarrl.train import AtomicCheckpointIO, resolve_resume, run_train
+from grammarrl.training.module import NonFiniteLossError
+from grammarrl.training.train import AtomicCheckpointIO, resolve_resume, run_train
 from tests.conftest import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,7 +264,7 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path, caplog):
     trainer (and trainer held no Trainer defaults, kl_penalty did not exist and `seed` alone
     seeded training and calibration) reads under today's names: the same job is skipped, and a
     changed setting is still named."""
-    from grammarrl import rundir
+    from grammarrl.runs import rundir
 
     cfg = compose_config(["model=tiny", "mode=train", "logger=none"])
     rundir.commit(cfg, tmp_path, rundir.Plan())
@@ -316,7 +316,7 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path, caplog):
 def test_outputs_of_a_machine_where_auto_resolved_otherwise_are_not_reused(tmp_path, where):
     """`model.dtype=auto` is bfloat16 on a CPU with native bf16 and float32 elsewhere: results
     computed on the other kind of machine are neither skipped over nor continued."""
-    from grammarrl import rundir
+    from grammarrl.runs import rundir
 
     cfg = compose_config(["model=tiny", "mode=eval", "logger=none"])
     here = rundir.resolved_settings(cfg)
@@ -375,7 +375,7 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monke
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("grammarrl.train.load_model", no_model)
+    monkeypatch.setattr("grammarrl.training.train.load_model", no_model)
     refused = {
         ("lambda=1", "rollout.num_samples=2"): (
             "lambda=0.5 (now 1)",
@@ -449,7 +449,7 @@ def test_hub_model_out_of_reach_is_one_line_naming_model_path(tmp_path):
 def test_hub_model_failing_to_load_is_one_line_naming_model_path(monkeypatch):
     import transformers
 
-    from grammarrl.models import load_tokenizer
+    from grammarrl.models.loading import load_tokenizer
 
     def unreachable(*args, **kwargs):
         raise OSError(
@@ -483,7 +483,7 @@ def test_model_dir_without_a_model_says_what_it_lacks(tmp_path):
         f"model.path={empty}: the directory lacks config.json, a tokenizer (tokenizer.json "
         "or tokenizer.model), weights (*.safetensors or pytorch_model*.bin)"
     ) in text
-    from grammarrl.models import check_model_source
+    from grammarrl.models.loading import check_model_source
 
     (empty / "config.json").write_text("{}")
     (empty / "model.safetensors").write_bytes(b"")
@@ -603,7 +603,7 @@ def test_empty_test_set_fails_before_training(copy_samples, tmp_path):
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
-    from grammarrl.callbacks import RUN_RECORD
+    from grammarrl.training.callbacks import RUN_RECORD
 
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
@@ -629,7 +629,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
 def test_a_checkpoint_recorded_before_the_diagnose_keys_resumes(tmp_path):
     """Keys training does not use (`rundir.MODE_UNUSED["train"]`: the diagnose group, added
     later) neither refuse a resume nor count as changes."""
-    from grammarrl.callbacks import RUN_RECORD
+    from grammarrl.training.callbacks import RUN_RECORD
 
     cfg = compose_config([])
     config = config_dict(cfg)
@@ -647,7 +647,7 @@ def test_a_checkpoint_recorded_before_the_diagnose_keys_resumes(tmp_path):
 def test_an_explicit_resume_is_where_a_run_starts_then_its_own_checkpoint_wins(tmp_path, caplog):
     """train.resume=PATH starts a new run directory from PATH; once that run has written its own
     last.ckpt, the same command continues from it instead of going back to PATH."""
-    from grammarrl.callbacks import RUN_RECORD
+    from grammarrl.training.callbacks import RUN_RECORD
 
     def checkpoint(path: Path, step: int) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -670,14 +670,14 @@ def test_an_explicit_resume_is_where_a_run_starts_then_its_own_checkpoint_wins(t
 
 
 def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real_loss, calls = grammarrl.module.grammarrl_loss, []
+    real_loss, calls = grammarrl.training.module.grammarrl_loss, []
 
     def loss_nan_at_third_step(*args, **kwargs):
         loss, parts = real_loss(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan") if len(calls) == 3 else loss), parts
 
-    monkeypatch.setattr(grammarrl.module, "grammarrl_loss", loss_nan_at_third_step)
+    monkeypatch.setattr(grammarrl.training.module, "grammarrl_loss", loss_nan_at_third_step)
     out, err = train_in(tmp_path, ["trainer.max_steps=4"])
     assert isinstance(err, NonFiniteLossError), err
     message = str(err)
@@ -716,7 +716,7 @@ def test_truncated_candidates_are_flagged_not_fatal(tmp_path):
 
 
 def test_grammar_rejecting_gold_outputs_is_warned_with_counts(tiny, tmp_path, caplog):
-    from grammarrl.evaluate import evaluate
+    from grammarrl.evaluation.evaluate import evaluate
 
     model, tok = tiny
     cfg = compose_config(
@@ -741,8 +741,8 @@ def test_grammar_rejecting_gold_outputs_is_warned_with_counts(tiny, tmp_path, ca
 
 
 def test_corrupt_adapter_is_a_clear_error(tmp_path, cache_dir):
-    from grammarrl.evaluate import run_eval
-    from grammarrl.models import add_lora, load_model
+    from grammarrl.evaluation.evaluate import run_eval
+    from grammarrl.models.loading import add_lora, load_model
 
     cfg = compose_config(["model=tiny", "mode=eval", "data.dir=null"])
     model, _ = load_model(cfg.model, cache_dir, device="cpu")
@@ -777,10 +777,10 @@ def test_a_job_is_validated_once_and_finds_its_checkpoint_once_changing_nothing(
 
     from hydra.core.hydra_config import HydraConfig
 
-    import grammarrl.config
-    import grammarrl.train
-    from grammarrl.callbacks import RUN_RECORD
-    from grammarrl.config import compose_job_config
+    import grammarrl.job
+    import grammarrl.training.train
+    from grammarrl.job import compose_job_config
+    from grammarrl.training.callbacks import RUN_RECORD
 
     run = tmp_path / "run"
     overrides = [*TINY_TRAIN, "trainer.max_steps=5", f"hydra.run.dir={run}"]
@@ -806,10 +806,12 @@ def test_a_job_is_validated_once_and_finds_its_checkpoint_once_changing_nothing(
         calls["run_train"].append({**kwargs, "cut write kept": cut.exists()})
         return {}
 
-    real_validate, real_resolve = grammarrl.config.validate, grammarrl.train.resolve_resume
-    monkeypatch.setattr(grammarrl.config, "validate", counted("validate", real_validate))
-    monkeypatch.setattr(grammarrl.train, "resolve_resume", counted("resolve_resume", real_resolve))
-    monkeypatch.setattr(grammarrl.train, "run_train", run_train)
+    real_validate, real_resolve = grammarrl.job.validate, grammarrl.training.train.resolve_resume
+    monkeypatch.setattr(grammarrl.job, "validate", counted("validate", real_validate))
+    monkeypatch.setattr(
+        grammarrl.training.train, "resolve_resume", counted("resolve_resume", real_resolve)
+    )
+    monkeypatch.setattr(grammarrl.training.train, "run_train", run_train)
     logging_off = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     monkeypatch.setattr(sys, "argv", ["grammarrl.run", *overrides, *logging_off])
     try:

@@ -14,9 +14,9 @@ import random
 import pytest
 import torch
 
-from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder
-from grammarrl.models import build_tiny
+from grammarrl.models.chat import encode_prompt, end_of_turn_id
+from grammarrl.models.loading import build_tiny
 from tests.conftest import BUILTIN_TASKS, compose_config
 from tests.support.decoding import EndBias, check_validity
 

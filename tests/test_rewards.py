@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder
-from grammarrl.models import add_lora, reference_mode
-from grammarrl.rewards import ReferenceScorer
-from grammarrl.scoring import common_prefix_length, sequence_logprobs
+from grammarrl.decoding.scoring import common_prefix_length, sequence_logprobs
+from grammarrl.models.chat import encode_prompt
+from grammarrl.models.loading import add_lora, reference_mode
+from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.types import Example
 from tests.conftest import compose_config
 from tests.support.tasks import WORDS, ToyTask
@@ -66,7 +66,7 @@ def test_reverse_reward_scores_the_input_given_the_candidate(tiny):
 
 
 def test_reference_ignores_the_adapter(tiny, cache_dir):
-    from grammarrl.models import load_model
+    from grammarrl.models.loading import load_model
 
     cfg = compose_config(["model=tiny"])
     base, tokenizer = load_model(cfg.model, cache_dir, device="cpu")

@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grammarrl.models import add_lora, enable_activation_checkpointing, load_model, reference_mode
-from grammarrl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, rloo_advantages
-from grammarrl.scoring import sequence_logprobs
+from grammarrl.decoding.scoring import sequence_logprobs
+from grammarrl.models.loading import (
+    add_lora,
+    enable_activation_checkpointing,
+    load_model,
+    reference_mode,
+)
+from grammarrl.rl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, rloo_advantages
 from tests.conftest import compose_config
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grammarrl.scoring import common_prefix_length, sequence_logprobs
+from grammarrl.decoding.scoring import common_prefix_length, sequence_logprobs
 
 
 def test_common_prefix_length():

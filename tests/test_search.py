@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grammarrl.chat import encode_prompt, end_of_turn_id
-from grammarrl.config import validate
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, log_ess, smc
 from grammarrl.errors import ConfigError
-from grammarrl.rewards import ReferenceScorer
+from grammarrl.job import validate
+from grammarrl.models.chat import encode_prompt, end_of_turn_id
+from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.search.methods import normalized_weights, posterior_draws, posterior_mode, rerank
 from grammarrl.search.potentials import Potential, ReversePotential, TaskPotential, make_potential
 from grammarrl.tasks import load_task
@@ -506,7 +506,7 @@ def test_adapter_proposal_with_reference_potentials(tiny, tmp_path, monkeypatch)
     the reverse potential is still pi_ref's (adapter disabled: same values as the base model)."""
     import copy
 
-    from grammarrl.models import add_lora
+    from grammarrl.models.loading import add_lora
     from grammarrl.search.run import run_search
 
     model, tok = tiny
@@ -542,7 +542,7 @@ def test_adapter_proposal_with_reference_potentials(tiny, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)  # run_search writes outputs/... under the working directory
     # the fixture's model (copied: attaching an adapter modifies the base model in place)
     monkeypatch.setattr(
-        "grammarrl.models.load_model", lambda *args, **kwargs: (copy.deepcopy(model), tok)
+        "grammarrl.models.loading.load_model", lambda *args, **kwargs: (copy.deepcopy(model), tok)
     )
     plain = run_search(cfg)
     cfg.eval.adapter = str(adapter_dir)

@@ -1,4 +1,4 @@
-"""The end-of-training summary (grammarrl.summary): frozen vs trained on the same test sets,
+"""The end-of-training summary (grammarrl.evaluation.summary): frozen vs trained on the same test sets,
 summary.md / summary.json / training.png in the run directory, on the tiny model."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import os
 import pytest
 import torch
 
-from grammarrl import summary as summ
-from grammarrl.curves import read_metrics
-from grammarrl.results import build_results, write_results
-from grammarrl.rloo import combine_rewards
+from grammarrl.evaluation import summary as summ
+from grammarrl.evaluation.curves import read_metrics
+from grammarrl.rl.rloo import combine_rewards
+from grammarrl.runs.results import build_results, write_results
 from tests.conftest import compose_config, train_in
 
 SPEC = "examples/support_tickets/task.yaml"

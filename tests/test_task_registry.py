@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from grammarrl.config import validate
 from grammarrl.data.sources import SAMPLES_DIR
 from grammarrl.errors import ConfigError
+from grammarrl.job import validate
 from grammarrl.tasks import builtin_task_names, task_class, task_label, task_targets
 from grammarrl.tasks.base import Task
 from grammarrl.tasks.conll import ConllTask

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from grammarrl.chat import encode_prompt
-from grammarrl.models import load_tokenizer
+from grammarrl.models.chat import encode_prompt
+from grammarrl.models.loading import load_tokenizer
 from grammarrl.tasks import load_task
 from grammarrl.tasks.conll import FIELDS, bio_spans
 from grammarrl.tasks.gloss import suffix_form

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from grammarrl.models import load_tokenizer
+from grammarrl.models.loading import load_tokenizer
 from grammarrl.tasks import load_task
 from grammarrl.tasks.conll import FIELDS
 from grammarrl.tasks.gloss import suffix_form

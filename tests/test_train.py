@@ -193,7 +193,7 @@ def test_the_dev_best_step_keeps_its_adapter_and_is_evaluated(trained):
 def test_the_dev_best_evaluation_decoded_with_the_kept_weights(trained, tmp_path):
     """results_best_dev's predictions are those of the kept adapter loaded on its own (mode=eval),
     not the last step's: the tiny model's outputs are alike, their log-probabilities are not."""
-    from grammarrl.evaluate import evaluate, load_evaluated_model
+    from grammarrl.evaluation.evaluate import evaluate, load_evaluated_model
     from grammarrl.tasks import load_task
 
     _, out, _ = trained
@@ -212,8 +212,8 @@ def test_the_dev_best_evaluation_decoded_with_the_kept_weights(trained, tmp_path
 def test_the_training_seed_is_its_own():
     """`train.seed` follows `seed` unless set; set alone, it reorders training's inputs (and
     reseeds LoRA init and rollouts) while `seed` still draws the same test sets."""
-    from grammarrl.datamodule import GrammarRLDataModule
     from grammarrl.tasks import load_task
+    from grammarrl.training.datamodule import GrammarRLDataModule
 
     def training_order(cfg) -> list[list[str]]:
         data = GrammarRLDataModule(cfg, load_task(cfg))

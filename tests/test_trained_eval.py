@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import grammarrl.evaluate
-from grammarrl.results import adapter_name
-from grammarrl.trained_eval import evaluate_trained
+import grammarrl.evaluation.evaluate
+from grammarrl.runs.results import adapter_name
+from grammarrl.training.trained_eval import evaluate_trained
 from tests.conftest import compose_config
 
 
@@ -50,7 +50,7 @@ def evaluated(monkeypatch):
         (Path(out) / f"{name}.json").write_text(json.dumps(record))
         return {**record, "path": str(Path(out) / f"{name}.json")}
 
-    monkeypatch.setattr(grammarrl.evaluate, "evaluate", fake_evaluate)
+    monkeypatch.setattr(grammarrl.evaluation.evaluate, "evaluate", fake_evaluate)
     return names
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from grammarrl.atomic import atomic_write
 from grammarrl.data.sources import fingerprint
 from grammarrl.errors import DataError
+from grammarrl.runs.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 

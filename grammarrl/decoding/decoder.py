@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from grammarrl.chat import end_of_turn_id
 from grammarrl.decoding.beam import BeamGroup, beam_candidates, fork, insort, rank
 from grammarrl.decoding.forward import ModelForward
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
@@ -54,6 +53,7 @@ from grammarrl.decoding.rows import (
     sample_tokens,
 )
 from grammarrl.decoding.types import BeamResult, Generation
+from grammarrl.models.chat import end_of_turn_id
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ConstrainedDecoder(ModelForward):
     """Grammar-constrained decoding over a HF causal LM (optionally a PEFT model).
 
     `grammar` is a Lark string (the task's Outlines CFG) compiled once. Prompts are token-id
-    lists from `grammarrl.chat.encode_prompt`. Generation stops at the end-of-turn token, which
+    lists from `grammarrl.models.chat.encode_prompt`. Generation stops at the end-of-turn token, which
     the mask allows only where the grammar accepts, or after `max_new_tokens` (truncated). An
     output the grammar has completed within the cap (nothing but the end token may follow) is
     never truncated: it takes its forced end token, one past the cap.

@@ -31,7 +31,7 @@ from grammarrl.decoding.cascade import (
     supports_cascade,
 )
 from grammarrl.decoding.rows import Row
-from grammarrl.models import output_kv_cache, with_kv_cache
+from grammarrl.models.loading import output_kv_cache, with_kv_cache
 
 
 class ModelForward:

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from grammarrl.chat import encode_prompt, end_of_turn_id
 from grammarrl.decoding import ConstrainedDecoder, Generation
-from grammarrl.rewards import ReferenceScorer
+from grammarrl.models.chat import encode_prompt, end_of_turn_id
+from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grammarrl.atomic import atomic_write, write_json
 from grammarrl.diagnosis.concordance import ALL
-from grammarrl.plots import line_style, plt, save_figure
+from grammarrl.evaluation.plots import line_style, plt, save_figure
+from grammarrl.runs.atomic import atomic_write, write_json
 
 JSON, MARKDOWN, PLOT = "diagnosis.json", "diagnosis.md", "diagnosis.png"
 
@@ -181,7 +181,7 @@ def plot(record: dict[str, Any], path: Path) -> Path:
 
 def write_report(out: Path, record: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
     """Write the rows, the plot, the Markdown and, last, the JSON; returns the JSON's path."""
-    from grammarrl.atomic import write_jsonl
+    from grammarrl.runs.atomic import write_jsonl
 
     write_jsonl(out / "diagnosis_rows.jsonl", rows)
     plot(record, out / PLOT)

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.calibration import calibration_file, run_sigmas
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.diagnosis.candidates import decoded_groups, written_group
 from grammarrl.diagnosis.concordance import Pair, concordance, pairs_of
@@ -33,9 +32,10 @@ from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
 from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, lift_interval
 from grammarrl.diagnosis.verdict import make_verdict, recommend_lambda
-from grammarrl.results import config_dict, dtype_name
-from grammarrl.rewards import ReferenceScorer
-from grammarrl.rundir import run_dir
+from grammarrl.rl.calibration import calibration_file, run_sigmas
+from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.runs.results import config_dict, dtype_name
+from grammarrl.runs.rundir import run_dir
 from grammarrl.tasks.base import Task
 from grammarrl.tasks.grammar_check import GrammarChecker
 from grammarrl.types import Example
@@ -103,7 +103,7 @@ def field_pairs(
 
 def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     """mode=diagnose (module docstring): writes the three files, prints the verdict."""
-    from grammarrl.models import INFERENCE_MMAP_THRESHOLD, load_model, steady_cpu_allocator
+    from grammarrl.models.loading import INFERENCE_MMAP_THRESHOLD, load_model, steady_cpu_allocator
     from grammarrl.tasks import load_task
 
     settings = cfg.diagnose

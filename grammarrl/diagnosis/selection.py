@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from grammarrl.diagnosis.candidates import Group
-from grammarrl.rloo import combine_rewards
+from grammarrl.rl.rloo import combine_rewards
 from grammarrl.tasks.base import Task
 
 

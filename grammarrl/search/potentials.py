@@ -83,7 +83,7 @@ class ReversePotential(Potential):
     name = "reverse"
 
     def __init__(self, scorer: Any, batch_size: int = 16):
-        self.scorer = scorer  # grammarrl.rewards.ReferenceScorer
+        self.scorer = scorer  # grammarrl.rl.rewards.ReferenceScorer
         self.batch_size = int(batch_size)
         self.forward_tokens = 0
         self.forward_calls = 0
@@ -138,7 +138,7 @@ def make_potential(name: str, task: Task, model: Any = None, tokenizer: Any = No
             )
         return TaskPotential(task)
     if name == "reverse":
-        from grammarrl.rewards import ReferenceScorer
+        from grammarrl.rl.rewards import ReferenceScorer
 
         return ReversePotential(ReferenceScorer(model, tokenizer, task))
     raise ConfigError(f"search.potential={name!r}: expected one of {', '.join(POTENTIALS)}")

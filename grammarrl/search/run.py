@@ -15,7 +15,7 @@ potential's argmax for rerank). rerank and is draw the very same particles for t
 Cost: with `search.greedy_baseline` (default) the run first decodes the same examples greedily
 with the same decoder, and reports wall-time and forward-token ratios of one draw against that
 pass.
-Writes results.json and predictions.jsonl (schema in `grammarrl.results`, plus the search fields
+Writes results.json and predictions.jsonl (schema in `grammarrl.runs.results`, plus the search fields
 documented in docs/search.md).
 """
 
@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, smc
-from grammarrl.evaluate import (
+from grammarrl.evaluation.evaluate import (
     decode_examples,
     distinct_prompts,
     output_rewards,
@@ -44,8 +44,8 @@ from grammarrl.evaluate import (
     sets_summary,
     test_examples,
 )
-from grammarrl.results import adapter_name, build_results, dtype_name, mean_std
-from grammarrl.rundir import run_dir
+from grammarrl.runs.results import adapter_name, build_results, dtype_name, mean_std
+from grammarrl.runs.rundir import run_dir
 from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
 from grammarrl.tasks.base import Task

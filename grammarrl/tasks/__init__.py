@@ -17,7 +17,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from grammarrl.config import CONF_DIR
+from grammarrl.config.checks import CONF_DIR
 from grammarrl.errors import ConfigError
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example, Scores, Splits

@@ -24,9 +24,9 @@ from typing import Any
 
 from grammarrl.data.hub import load_hub_dataset
 from grammarrl.data.sources import Row, SkipLog, read_lines
-from grammarrl.metrics import entity_prf, validity_rate
 from grammarrl.tasks.common import CorpusTask
 from grammarrl.tasks.grammar_check import alternation, json_string, lark_literal
+from grammarrl.tasks.metrics import entity_prf, validity_rate
 from grammarrl.types import Example, Scores
 
 FIELDS = ("person", "organization", "location", "misc")

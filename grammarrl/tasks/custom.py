@@ -4,7 +4,7 @@
 
 `conf/task/custom.yaml` documents every key. A spec file (`task.spec`) holds any task key; its
 relative paths are read from its directory. The keys can also be given inline. The spec is
-merged into `cfg.task` and checked by `resolve_spec`, which `grammarrl.config.validate` calls
+merged into `cfg.task` and checked by `resolve_spec`, which `grammarrl.job.validate` calls
 before any model or data is loaded: unknown keys, missing files, none or two output constraints,
 a schema, regex or Lark grammar that llguidance cannot compile (its message), a bad metric.
 `CustomTask` then reads the rows when it is built (still before any model is loaded): a row
@@ -38,13 +38,13 @@ from omegaconf import DictConfig
 from grammarrl.data.sources import Row, fingerprint
 from grammarrl.data.splits import partition
 from grammarrl.errors import ConfigError, DataError
-from grammarrl.metrics import corpus_bleu, validity_rate
 from grammarrl.tasks import task_class
 from grammarrl.tasks.common import CorpusTask, clean_text
 from grammarrl.tasks.custom_data import order_keys, read_table
 from grammarrl.tasks.custom_grammar import ByteGrammarChecker
 from grammarrl.tasks.custom_metrics import exact_match, json_fields_prf
 from grammarrl.tasks.custom_spec import CUSTOM_KEYS, CustomSpec, resolve_spec
+from grammarrl.tasks.metrics import corpus_bleu, validity_rate
 from grammarrl.types import Example, Scores
 
 log = logging.getLogger(__name__)

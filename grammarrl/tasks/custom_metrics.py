@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from grammarrl.metrics import entity_prf
+from grammarrl.tasks.metrics import entity_prf
 
 
 def canonical(value: Any) -> str:

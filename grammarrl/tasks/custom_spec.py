@@ -1,6 +1,6 @@
 """The spec of `task=custom`: reading `task.spec` into `cfg.task` and checking every key.
 
-`resolve_spec` (called by `grammarrl.config.validate` through `custom.check_task_keys`, before
+`resolve_spec` (called by `grammarrl.job.validate` through `custom.check_task_keys`, before
 any model or data is loaded) merges the spec file and builds a `CustomSpec`: absolute files, the
 output constraint compiled to a Lark source (`custom_grammar`), the prompts and the metric. Any bad
 value is a ConfigError naming the key (and the spec file).
@@ -17,10 +17,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from grammarrl.config import unknown_key_error
+from grammarrl.config.checks import unknown_key_error
+from grammarrl.config.schema import TaskSchema
 from grammarrl.data.sources import read_text
 from grammarrl.errors import ConfigError
-from grammarrl.schema import TaskSchema
 from grammarrl.tasks import builtin_task_names
 from grammarrl.tasks.custom_data import FORMATS
 from grammarrl.tasks.custom_grammar import check_lark, constraint_grammar

@@ -24,9 +24,9 @@ from pathlib import Path
 from grammarrl.data.hub import load_hub_dataset
 from grammarrl.data.sources import Row, read_lines
 from grammarrl.errors import DataError
-from grammarrl.metrics import corpus_bleu, validity_rate
 from grammarrl.tasks.common import CorpusTask, clean_text
 from grammarrl.tasks.grammar_check import alternation
+from grammarrl.tasks.metrics import corpus_bleu, validity_rate
 from grammarrl.types import Example, Scores
 
 TYPO_FIXES = {"DESC-N": "DESC-THAN", "DESC-RE": "DESC-THERE", "DESC-REFORE": "DESC-THEREFORE"}

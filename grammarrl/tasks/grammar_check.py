@@ -39,8 +39,8 @@ def compile_grammar(lark: str, tokenizer: Any) -> tuple[Any, str]:
     """
     import llguidance
 
-    from grammarrl.chat import end_of_turn_id
     from grammarrl.decoding.grammar import ll_tokenizer
+    from grammarrl.models.chat import end_of_turn_id
 
     return ll_tokenizer(tokenizer, end_of_turn_id(tokenizer)), llguidance.grammar_from("lark", lark)
 

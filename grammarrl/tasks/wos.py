@@ -17,9 +17,9 @@ from pathlib import Path
 from grammarrl.data.sources import Row, SkipLog, read_lines, read_text, task_dir
 from grammarrl.data.splits import partition
 from grammarrl.errors import DataError
-from grammarrl.metrics import hierarchical_prf, validity_rate
 from grammarrl.tasks.common import CorpusTask, clean_text
 from grammarrl.tasks.grammar_check import alternation, json_string, lark_literal
+from grammarrl.tasks.metrics import hierarchical_prf, validity_rate
 from grammarrl.types import Example, Scores
 
 RECORDS = "wos_labelled.jsonl"

@@ -10,10 +10,10 @@ import llguidance
 import numpy as np
 import torch
 
-from grammarrl.chat import end_of_turn_id
 from grammarrl.decoding import Generation
 from grammarrl.decoding.grammar import ll_tokenizer
-from grammarrl.models import kv_cache_name, output_kv_cache
+from grammarrl.models.chat import end_of_turn_id
+from grammarrl.models.loading import kv_cache_name, output_kv_cache
 from grammarrl.tasks.grammar_check import GrammarChecker
 
 COLORS = ["red", "green", "blue", "dark red"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from grammarrl.results import build_results, write_results
+from grammarrl.runs.results import build_results, write_results
 
 CONLL_EMPTY = {"person": "", "organization": "", "location": "", "misc": ""}
 
@@ -36,7 +36,7 @@ def make_run(
     extra_config: dict[str, Any] | None = None,
 ) -> Path:
     """A job directory as a sweep leaves it: .hydra/ config and choices, results files written
-    by grammarrl.results (scores per test set), predictions, Lightning's metrics.csv."""
+    by grammarrl.runs.results (scores per test set), predictions, Lightning's metrics.csv."""
     path = root / name
     (path / ".hydra").mkdir(parents=True)
     config = {

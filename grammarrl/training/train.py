@@ -14,24 +14,16 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig
 
-from grammarrl.atomic import AtomicWriteError, atomic_write, write_jsonl
-from grammarrl.calibration import run_sigmas
-from grammarrl.callbacks import (
-    RUN_RECORD,
-    BestDevAdapter,
-    LoggedStepIsGlobalStep,
-    PhaseTimer,
-    RecordSettings,
-)
-from grammarrl.config import device_type, resume_setting
-from grammarrl.datamodule import GrammarRLDataModule
+from grammarrl.config.checks import device_type, resume_setting
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
-from grammarrl.evaluate import test_examples
-from grammarrl.models import add_lora, load_adapter, load_model
-from grammarrl.module import GrammarRLModule
-from grammarrl.progress import StepProgressBar
-from grammarrl.results import config_dict
-from grammarrl.rundir import (
+from grammarrl.evaluation.evaluate import test_examples
+from grammarrl.evaluation.summary import write_summary
+from grammarrl.models.loading import add_lora, load_adapter, load_model
+from grammarrl.rl.calibration import run_sigmas
+from grammarrl.runs.atomic import AtomicWriteError, atomic_write, write_jsonl
+from grammarrl.runs.progress import StepProgressBar
+from grammarrl.runs.results import config_dict
+from grammarrl.runs.rundir import (
     BOOKKEEPING,
     CONTINUABLE,
     MODE_UNUSED,
@@ -40,9 +32,17 @@ from grammarrl.rundir import (
     differing_keys,
     run_dir,
 )
-from grammarrl.summary import write_summary
-from grammarrl.tracking import current_run, table_cell
-from grammarrl.trained_eval import evaluate_trained
+from grammarrl.runs.tracking import current_run, table_cell
+from grammarrl.training.callbacks import (
+    RUN_RECORD,
+    BestDevAdapter,
+    LoggedStepIsGlobalStep,
+    PhaseTimer,
+    RecordSettings,
+)
+from grammarrl.training.datamodule import GrammarRLDataModule
+from grammarrl.training.module import GrammarRLModule
+from grammarrl.training.trained_eval import evaluate_trained
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def resolve_sigmas(
 
 
 def build_loggers(cfg: DictConfig, out: Path) -> list:
-    """CSV metrics in the run directory, plus the job's W&B run (`grammarrl.tracking`)."""
+    """CSV metrics in the run directory, plus the job's W&B run (`grammarrl.runs.tracking`)."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
     loggers: list = [CSVLogger(save_dir=str(out), name="", version="metrics")]

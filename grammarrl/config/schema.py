@@ -1,22 +1,22 @@
 """The config's schema: every key's type and one-line description (one dataclass per group),
 the top-level keys, the allowed values of keys that take one of a fixed set, and the keys that
-moved. The values, defaults included, live in conf/; `grammarrl.config` composes and validates
-against this, and `grammarrl.config_reference` writes the docs' config reference from it."""
+moved. The values, defaults included, live in conf/; `grammarrl.config.checks` composes and validates
+against this, and `grammarrl.config.reference` writes the docs' config reference from it."""
 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-# Allowed values of the keys that take one of a fixed set (checked by `grammarrl.config`).
+# Allowed values of the keys that take one of a fixed set (checked by `grammarrl.config.checks`).
 MODES = ("train", "eval", "calibrate", "search", "diagnose", "prepare", "export")
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 MODEL_SOURCES = ("hub", "embedded", "tiny")
-KL_PENALTIES = ("loss", "reward", "grammar")  # where beta's term enters: grammarrl.rloo
+KL_PENALTIES = ("loss", "reward", "grammar")  # where beta's term enters: grammarrl.rl.rloo
 DECODINGS = ("greedy", "beam")
 TEST_SET_DRAWINGS = ("disjoint", "seed_plus_index")
 SEARCH_METHODS = ("rerank", "is", "smc")
-OBJECTIVES = ("rloo", "amortised_is")  # train.objective: grammarrl.module
+OBJECTIVES = ("rloo", "amortised_is")  # train.objective: grammarrl.training.module
 SEARCH_POTENTIALS = ("reverse", "task", "none")
 LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("offline", "online", "disabled")
@@ -394,7 +394,7 @@ SCALARS: dict[str, Key] = {
 }
 
 
-# Arguments of lightning.pytorch.Trainer that GrammarRL sets itself (grammarrl/train.py
+# Arguments of lightning.pytorch.Trainer that GrammarRL sets itself (grammarrl/training/train.py
 # `build_trainer`), and the key to use instead; `trainer.<name>` may set any other argument.
 TRAINER_SET = {
     "logger": "logger=wandb or logger=none (metrics.csv is always written)",

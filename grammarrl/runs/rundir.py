@@ -33,10 +33,10 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
-from grammarrl.atomic import write_json
+from grammarrl.config.schema import MOVED
 from grammarrl.errors import GrammarRLError
-from grammarrl.results import config_dict
-from grammarrl.schema import MOVED
+from grammarrl.runs.atomic import write_json
+from grammarrl.runs.results import config_dict
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
 def resolved_settings(cfg: DictConfig) -> dict[str, str]:
     """What `device` and `model.dtype` resolve to on this machine (`auto` is bfloat16 on a
     CPU with native bf16, float32 on another): outputs depend on it, the config does not say."""
-    from grammarrl.models import resolve_device, resolve_dtype
+    from grammarrl.models.loading import resolve_device, resolve_dtype
 
     device = resolve_device(cfg.device)
     return {

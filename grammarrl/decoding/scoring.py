@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from grammarrl.models import output_kv_cache, with_kv_cache
+from grammarrl.models.loading import output_kv_cache, with_kv_cache
 
 
 @dataclass

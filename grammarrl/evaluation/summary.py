@@ -1,6 +1,6 @@
 """The end of a training run: the frozen model and the trained adapter compared on the same test
 sets, printed and written into the run directory (`summary.md`, `summary.json`), and the
-training curves (`training.png`: the reward and the dev metric by step; `grammarrl.curves`).
+training curves (`training.png`: the reward and the dev metric by step; `grammarrl.evaluation.curves`).
 
 The comparison holds, for greedy constrained decoding of each: the task metric (mean ± std over
 the test sets, and the paired difference per set), validity, and the mean training reward of
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from grammarrl.atomic import atomic_write, write_json
-from grammarrl.curves import read_metrics, training_facts, training_figure, training_line
-from grammarrl.results import mean_std, predictions_name
-from grammarrl.rloo import combine_rewards
+from grammarrl.evaluation.curves import read_metrics, training_facts, training_figure, training_line
+from grammarrl.rl.rloo import combine_rewards
+from grammarrl.runs.atomic import atomic_write, write_json
+from grammarrl.runs.results import mean_std, predictions_name
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 

@@ -12,15 +12,15 @@ from typing import Any
 
 import torch
 
-from grammarrl.chat import encode_prompt
-from grammarrl.models import reference_mode
-from grammarrl.scoring import (
+from grammarrl.decoding.scoring import (
     Prefix,
     common_prefix_length,
     encode_prefix,
     positions_run,
     sequence_logprobs,
 )
+from grammarrl.models.chat import encode_prompt
+from grammarrl.models.loading import reference_mode
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 

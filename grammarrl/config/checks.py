@@ -1,7 +1,7 @@
 """Config composition and validation, run before any model or data is loaded.
 
 Every key must be declared (a top-level scalar or a field of a group's schema in
-`grammarrl.schema`): an
+`grammarrl.config.schema`): an
 unknown one, `+key=value` included, is refused with the closest known keys (difflib). Each group
 is then merged into its schema (OmegaConf structured configs: a wrong type names its key), and
 ranges and contradictions are checked here, with messages that name the key.
@@ -17,11 +17,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from grammarrl.errors import ConfigError
-from grammarrl.schema import (
+from grammarrl.config.schema import (
     ACCELERATORS,
     ADAPTER_MODES,
     DECODINGS,
@@ -39,41 +38,9 @@ from grammarrl.schema import (
     TEST_SET_DRAWINGS,
     TRAINER_SET,
 )
+from grammarrl.errors import ConfigError
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-def compose_job_config(overrides: list[str]) -> DictConfig:
-    """The config one job would get from `python -m grammarrl.run <overrides>`, resolved (Hydra's
-    own section is used for `${hydra:...}` interpolations, then dropped). An override of a key
-    the config lacks is a ConfigError naming it; other composition errors are Hydra's."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import ConfigCompositionException
-
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    except ConfigCompositionException as err:
-        key = getattr(err.__cause__, "full_key", None)
-        if key:
-            raise unknown_key_error(str(key)) from None
-        raise
-    previous = HydraConfig.instance().cfg
-    HydraConfig.instance().set_config(cfg)
-    try:
-        with open_dict(cfg):
-            cfg.pop("hydra")
-        if cfg.task.get("spec") is not None:
-            # before resolving: optim.batch_size, optim.lr and trainer.max_steps interpolate
-            # the spec's task.batch_size, task.lr and task.max_steps
-            from grammarrl.tasks.custom_spec import merge_spec_file
-
-            merge_spec_file(cfg.task)
-        OmegaConf.resolve(cfg)  # `${hydra:...}` reads the section just set aside
-    finally:
-        HydraConfig.instance().cfg = previous
-    return cfg
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 @functools.cache
@@ -200,15 +167,16 @@ def _check_devices(cfg: DictConfig) -> None:
         )
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check the composed config; raise ConfigError naming the first bad key."""
+def check_keys(cfg: DictConfig) -> None:
+    """Every group and scalar present, every key known; else a ConfigError naming the key."""
     for key in (*SCALARS, *SCHEMAS):
         if key not in cfg:
             raise ConfigError(f"missing config key {key!r}")
     check_known_keys(cfg)
-    from grammarrl.tasks.custom import check_task_keys
 
-    check_task_keys(cfg)  # a custom task: its spec file merged into cfg.task, then checked
+
+def check_values(cfg: DictConfig) -> None:
+    """Types, ranges and combinations of the values; a ConfigError naming the first bad key."""
     typed = {group: _typed(group, cfg[group]) for group in SCHEMAS}
     missing = [
         f"{group}.{key}"

@@ -23,7 +23,7 @@ THIRD_PARTY_WARNINGS = (
     ),
     (
         r"Experiment logs directory .* exists and is not empty\. Previous log files",
-        "a resumed run keeps the earlier metrics rows (grammarrl.train merges them back)",
+        "a resumed run keeps the earlier metrics rows (grammarrl.training.train merges them back)",
     ),
 )
 THIRD_PARTY_INFO = (

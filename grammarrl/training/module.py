@@ -11,22 +11,22 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.amortised import candidate_indices, resample, target_log_weights
-from grammarrl.chat import encode_prompt
-from grammarrl.compute import ForwardCounter
 from grammarrl.decoding import ConstrainedDecoder, Generation
+from grammarrl.decoding.scoring import sequence_logprobs
 from grammarrl.decoding.smc import ParticleSet, smc
 from grammarrl.errors import GrammarRLError, ModelError
-from grammarrl.models import enable_activation_checkpointing
-from grammarrl.rewards import ReferenceScorer
-from grammarrl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, rloo_advantages
-from grammarrl.rng import gather_objects, rng_states, set_rng_states
-from grammarrl.rollout import RolloutBatch, collect_rollouts
-from grammarrl.scoring import sequence_logprobs
+from grammarrl.models.chat import encode_prompt
+from grammarrl.models.compute import ForwardCounter
+from grammarrl.models.loading import enable_activation_checkpointing
+from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.rl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, rloo_advantages
+from grammarrl.rl.rollout import RolloutBatch, collect_rollouts
+from grammarrl.runs.rng import gather_objects, rng_states, set_rng_states
+from grammarrl.runs.timing import clock
 from grammarrl.search.methods import ess
 from grammarrl.search.potentials import default_potential, make_potential
 from grammarrl.tasks.base import Task
-from grammarrl.timing import clock
+from grammarrl.training.amortised import candidate_indices, resample, target_log_weights
 from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class GrammarRLModule(L.LightningModule):
         return StepOutputs(out, rewards, advantages, policy_logp, loss, parts, seconds)
 
     def amortised_step_loss(self, batch: list[Example]) -> AmortisedStep:
-        """One amortised-IS step up to the loss (`grammarrl.amortised`): Full IS particles of
+        """One amortised-IS step up to the loss (`grammarrl.training.amortised`): Full IS particles of
         the current policy, weighted towards p_ref·Φ, `rollout.num_samples` targets resampled
         per prompt, and the loss mean −log pi_theta(y|x) over the targets (+ β·KL to pi_ref
         with `kl_penalty=loss`; the other placements have no reward to shape: no KL term)."""

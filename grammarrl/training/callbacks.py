@@ -1,6 +1,6 @@
 """Lightning callbacks of a training run: per-phase step timing, the run's settings in every
 checkpoint, logged steps that stay optimizer steps across resumes, and the adapter of the step
-with the best dev metric (the progress bar is `grammarrl.progress.StepProgressBar`)."""
+with the best dev metric (the progress bar is `grammarrl.runs.progress.StepProgressBar`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import lightning as L
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.atomic import write_json
-from grammarrl.results import config_dict
-from grammarrl.timing import clock
+from grammarrl.runs.atomic import write_json
+from grammarrl.runs.results import config_dict
+from grammarrl.runs.timing import clock
 
 RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
 BEST_DEV_ADAPTER = "adapter-best-dev"  # run-dir entries of `BestDevAdapter`

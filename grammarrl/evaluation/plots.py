@@ -1,5 +1,5 @@
 """Figures as PNG (matplotlib, Agg backend): the helpers shared by a training run's own summary
-(`grammarrl.summary`) and the sweep reports (`experiments.figures`)."""
+(`grammarrl.evaluation.summary`) and the sweep reports (`experiments.figures`)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
-from grammarrl.rewards import ReferenceScorer
+from grammarrl.models.chat import encode_prompt
+from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.runs.timing import clock
 from grammarrl.tasks.base import Task
-from grammarrl.timing import clock
 from grammarrl.types import Example
 
 

@@ -22,12 +22,12 @@ from filelock import FileLock
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from grammarrl.atomic import write_json
-from grammarrl.config import rollout_key
+from grammarrl.config.checks import rollout_key
 from grammarrl.errors import ConfigError, GrammarRLError
-from grammarrl.models import resolve_device, resolve_dtype
-from grammarrl.results import config_dict
-from grammarrl.rundir import hydra_run_dir, run_dir
+from grammarrl.models.loading import resolve_device, resolve_dtype
+from grammarrl.runs.atomic import write_json
+from grammarrl.runs.results import config_dict
+from grammarrl.runs.rundir import hydra_run_dir, run_dir
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +214,8 @@ def dev_rollouts(
     (`cfg.rollout`), scored by `model` as the reference, in batches of `optim.batch_size` from a
     generator seeded with `reward.calibration_seed`, without gradient; one `RolloutBatch` per batch."""
     from grammarrl.decoding import ConstrainedDecoder
-    from grammarrl.rewards import ReferenceScorer
-    from grammarrl.rollout import collect_rollouts
+    from grammarrl.rl.rewards import ReferenceScorer
+    from grammarrl.rl.rollout import collect_rollouts
 
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
@@ -297,7 +297,7 @@ def report_uncertainty(measured: dict[str, tuple[float, float]], inputs: int) ->
 
 def run_calibrate(cfg: DictConfig) -> dict[str, Any]:
     """mode=calibrate: measure and store the σ's for (task, model, N, B)."""
-    from grammarrl.models import load_model
+    from grammarrl.models.loading import load_model
     from grammarrl.tasks import load_task
 
     task = load_task(cfg)

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig
 
 from grammarrl.errors import ConfigError
-from grammarrl.results import config_dict, predictions_name
+from grammarrl.runs.results import config_dict, predictions_name
 
 TRACKED_MODES = ("train", "eval", "search", "calibrate")
 DEFAULT_HOST = "https://api.wandb.ai"

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grammarrl.errors import ModelError
-from grammarrl.model_cache import SMOLLM2_GGUF, smollm2_cache, smollm2_gguf_path
+from grammarrl.models.cache import SMOLLM2_GGUF, smollm2_cache, smollm2_gguf_path
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ seeded test sets, scored with the task metric.
 
 Distinct examples shared by several test sets are decoded once (predictions cached by uid), in
 batches of `eval.batch_size` prompts sorted by length. Writes `results.json` and
-`predictions.jsonl` into the run directory (schema in `grammarrl.results`).
+`predictions.jsonl` into the run directory (schema in `grammarrl.runs.results`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.chat import encode_prompt
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.errors import DataError
-from grammarrl.results import adapter_name, build_results, dtype_name, write_results
-from grammarrl.rundir import run_dir
+from grammarrl.models.chat import encode_prompt
+from grammarrl.runs.results import adapter_name, build_results, dtype_name, write_results
+from grammarrl.runs.rundir import run_dir
 from grammarrl.tasks.base import Task, drawing_note
 from grammarrl.types import Example
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def load_evaluated_model(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) that mode=eval and mode=search score: the base model, with the
     `eval.adapter` attached when set, in eval mode."""
-    from grammarrl.models import load_adapter, load_model
+    from grammarrl.models.loading import load_adapter, load_model
 
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     if cfg.eval.adapter:
@@ -215,7 +215,7 @@ def output_rewards(
     (`eval.score_rewards`). None for an empty output."""
     from tqdm.auto import tqdm
 
-    from grammarrl.rewards import ReferenceScorer
+    from grammarrl.rl.rewards import ReferenceScorer
 
     scorer = ReferenceScorer(model, tokenizer, task)
     unique = list({ex.uid: ex for ex in examples}.values())

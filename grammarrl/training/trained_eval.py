@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from grammarrl.atomic import write_json
-from grammarrl.callbacks import BEST_DEV_RECORD
-from grammarrl.models import reference_mode, resolve_device
-from grammarrl.results import adapter_name
+from grammarrl.models.loading import reference_mode, resolve_device
+from grammarrl.runs.atomic import write_json
+from grammarrl.runs.results import adapter_name
+from grammarrl.training.callbacks import BEST_DEV_RECORD
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def evaluate_trained(
     """The trained adapter greedily (results.json), and with beam search and the frozen model
     (adapter disabled) when `train.eval_beam` / `train.eval_baseline` ask for them, and the
     dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step."""
-    from grammarrl.evaluate import evaluate
+    from grammarrl.evaluation.evaluate import evaluate
 
     # Lightning's teardown after `fit` leaves the module on the CPU: back to the run's device.
     policy.to(resolve_device(cfg.device)).eval()
@@ -68,7 +68,7 @@ def evaluate_best_dev(
     """The adapter of the step with the best dev metric, greedily (`results_best_dev.json`;
     its step and dev value in `best_dev.json` beside it), unless that step is the last (`final`:
     results.json is that evaluation) or no validation after a trained step kept one."""
-    from grammarrl.evaluate import evaluate
+    from grammarrl.evaluation.evaluate import evaluate
 
     if best is None:
         return {}

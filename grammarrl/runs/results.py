@@ -1,5 +1,5 @@
 """The results schema shared by every mode that scores outputs (eval, train, search), written
-atomically (`grammarrl.atomic`) into the run directory.
+atomically (`grammarrl.runs.atomic`) into the run directory.
 
 `<name>.json` (default `results.json`) holds at least:
   task, model, decoding, metric, scores (one per test set), mean, std, validity, truncated,
@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grammarrl.atomic import write_json, write_jsonl
+from grammarrl.runs.atomic import write_json, write_jsonl
 
 REQUIRED_KEYS = (
     "task",

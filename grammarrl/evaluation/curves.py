@@ -72,7 +72,7 @@ def training_figure(
     series: Mapping[str, Sequence[tuple[int, float]]], metric: str, path: Path
 ) -> Path | None:
     """reward and dev metric by step (`training.png`); None when nothing was logged."""
-    from grammarrl.plots import panel_grid
+    from grammarrl.evaluation.plots import panel_grid
 
     rewards = {
         "rollouts (train/reward)": series.get("train/reward", []),

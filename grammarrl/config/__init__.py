@@ -1,0 +1,1 @@
+"""The job's configuration: the declaration of every key (schema), its checks, the generated reference."""

@@ -1,0 +1,1 @@
+"""Evaluation mode: greedy/beam evaluation of test sets, run summaries, training curves and plots."""

@@ -1,0 +1,56 @@
+"""The package's shape (docs/architecture.md): every package in exactly one import-linter layer,
+few modules at the top, short modules and functions. `make lint` (lint-imports) checks the
+imports themselves."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "grammarrl"
+MAX_TOP_MODULES, MAX_MODULE_LINES, MAX_FUNCTION_LINES = 10, 400, 60
+
+
+def layered_names() -> list[str]:
+    """The names the layers contract of pyproject.toml places, in order."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
+    return [
+        name.strip().removeprefix("grammarrl.")
+        for layer in layers
+        for name in layer.replace(":", "|").split("|")
+    ]
+
+
+def test_every_package_and_top_module_sits_in_one_layer():
+    placed = layered_names()
+    present = sorted(
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    )
+    assert sorted(placed) == present  # a new package or module must be given its layer
+    assert len(placed) == len(set(placed))
+
+
+def test_few_modules_at_the_top():
+    top = [p.name for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
+    assert len(top) <= MAX_TOP_MODULES, sorted(top)
+
+
+def test_modules_and_functions_are_short():
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(ROOT).as_posix()
+        if text.count("\n") > MAX_MODULE_LINES:
+            long_modules.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert not long_modules, long_modules
+    assert not long_functions, long_functions
