@@ -3,6 +3,8 @@ extensions of its beams at a step, and forking the rows that continue them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from grammarrl.decoding.rows import BEAM, NEG_INF, Row, StepDistribution
@@ -83,3 +85,31 @@ def fork(rows: list[Row], extensions: list[tuple]) -> list[tuple[int, Row]]:
         child.push(t, logp_u, logp_c, mass)
         children.append((i, child))
     return children
+
+
+def best_extensions(
+    group: BeamGroup,
+    entries: list[list[float]],
+    rows: list[Row],
+    stop_token_id: int,
+    generation: Callable[[Row, bool, bool], Generation],
+) -> list[tuple[int, int, float, float, float, float]]:
+    """Walk one prompt's candidates best first: an end token among the best `width` closes an
+    accepting row's hypothesis (added to `group.finished` via `generation`; elsewhere, or at a
+    non-accepting row, it is dropped); the `width` best other extensions are returned as
+    (parent row index, token, logp_u, logp_c, mass, score)."""
+    extensions = []
+    for position, (i, t, logp_u, logp_c, mass, value) in enumerate(entries):
+        if value == NEG_INF:
+            break
+        i, t = int(i), int(t)
+        if t == stop_token_id:
+            if position < group.width and rows[i].matcher.is_accepting():
+                hyp = rows[i].child(None)
+                hyp.push(t, logp_u, logp_c, mass)
+                insort(group, generation(hyp, True, False))
+            continue
+        extensions.append((i, t, logp_u, logp_c, mass, value))
+        if len(extensions) == group.width:
+            break
+    return extensions

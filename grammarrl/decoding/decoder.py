@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from grammarrl.decoding.beam import BeamGroup, beam_candidates, fork, insort, rank
+from grammarrl.decoding.beam import BeamGroup, beam_candidates, best_extensions, fork, rank
 from grammarrl.decoding.forward import ModelForward
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
 from grammarrl.decoding.rows import (
@@ -322,22 +322,8 @@ class ConstrainedDecoder(ModelForward):
     ) -> None:
         """One prompt's beam: end-token candidates among the best B become finished hypotheses;
         the B best other extensions fork their parents' rows (appended to `new_rows`)."""
-        stop, max_new, width = self.stop_token_id, self.max_new_tokens, group.width
-        extensions = []  # (parent row index, token, logp_u, logp_c, mass, score), best first
-        for position, entry in enumerate(entries):
-            i, t, logp_u, logp_c, mass, value = entry
-            if value == NEG_INF:
-                break
-            i, t = int(i), int(t)
-            if t == stop:
-                if position < width and rows[i].matcher.is_accepting():  # else a dead end: dropped
-                    hyp = rows[i].child(None)
-                    hyp.push(t, logp_u, logp_c, mass)
-                    insort(group, self.generation(hyp, True, False))
-                continue
-            extensions.append((i, t, logp_u, logp_c, mass, value))
-            if len(extensions) == width:
-                break
+        max_new, width = self.max_new_tokens, group.width
+        extensions = best_extensions(group, entries, rows, self.stop_token_id, self.generation)
         finished = group.finished
         # Done when no live beam can still beat the width-th finished one (HF's heuristic: the
         # best live score at its current length).

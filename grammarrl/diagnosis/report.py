@@ -68,8 +68,7 @@ def fields_table(record: dict[str, Any]) -> list[str]:
 
 def markdown(record: dict[str, Any]) -> str:
     """diagnosis.md: the verdict, the λ curve, the per-field table, the settings."""
-    settings, sigmas, curve = record["settings"], record["sigmas"], record["candidates"]
-    verdict = record["verdict"]
+    settings, curve, verdict = record["settings"], record["candidates"], record["verdict"]
     lines = [
         f"# Diagnosis: {record['task']} on {record['model']}",
         "",
@@ -106,8 +105,13 @@ def markdown(record: dict[str, Any]) -> str:
         ]
     else:
         lines.append(f"Not measured: {fields['rows']}.")
-    seconds = record["seconds"]
-    lines += [
+    return "\n".join(lines + settings_lines(record))
+
+
+def settings_lines(record: dict[str, Any]) -> list[str]:
+    """diagnosis.md's closing section: the σ's, the settings, the model, the phases' times."""
+    settings, sigmas, seconds = record["settings"], record["sigmas"], record["seconds"]
+    return [
         "",
         "## Settings",
         "",
@@ -131,7 +135,6 @@ def markdown(record: dict[str, Any]) -> str:
         ),
         "",
     ]
-    return "\n".join(lines)
 
 
 def plot(record: dict[str, Any], path: Path) -> Path:

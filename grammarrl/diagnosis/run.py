@@ -26,12 +26,12 @@ import torch
 from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder
-from grammarrl.diagnosis.candidates import decoded_groups, written_group
+from grammarrl.diagnosis.candidates import Group, decoded_groups, written_group
 from grammarrl.diagnosis.concordance import Pair, concordance, pairs_of
 from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
 from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, lift_interval
-from grammarrl.diagnosis.verdict import make_verdict, recommend_lambda
+from grammarrl.diagnosis.verdict import Verdict, make_verdict, recommend_lambda
 from grammarrl.rl.calibration import calibration_file, run_sigmas
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.runs.results import config_dict, dtype_name
@@ -103,28 +103,19 @@ def field_pairs(
 
 def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     """mode=diagnose (module docstring): writes the three files, prints the verdict."""
-    from grammarrl.models.loading import INFERENCE_MMAP_THRESHOLD, load_model, steady_cpu_allocator
-    from grammarrl.tasks import load_task
-
     settings = cfg.diagnose
     lambdas = [float(lam) for lam in settings.lambdas]
     out = run_dir(cfg)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
-    task = load_task(cfg)
-    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    model.eval()
-    if model.device.type == "cpu":
-        steady_cpu_allocator(INFERENCE_MMAP_THRESHOLD)
-    seconds["loading"] = time.perf_counter() - started
-    direct, reverse, source = run_sigmas(cfg, model, tokenizer, task)
-    log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", direct, reverse, source)
-    if source == str(calibration_file(cfg)):  # the record names no path of this machine
-        source = "the calibration file, reward.calibration_file"
-    sigmas = Sigmas(direct, reverse, source)
-    seconds["σ's"] = time.perf_counter() - started - sum(seconds.values())
 
-    inputs = dev_inputs(task, int(settings.num_inputs))
+    def lap(phase: str) -> None:
+        seconds[phase] = time.perf_counter() - started - sum(seconds.values())
+
+    task, model, tokenizer = _load(cfg)
+    lap("loading")
+    sigmas = _sigmas(cfg, model, tokenizer, task)
+    lap("σ's")
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
     groups = decoded_groups(
@@ -132,7 +123,7 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
         scorer,
         tokenizer,
         task,
-        inputs,
+        dev_inputs(task, int(settings.num_inputs)),
         int(settings.num_samples),
         float(cfg.rollout.temperature),
         int(settings.batch_size),
@@ -142,37 +133,10 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
         "rows": "the dev split, then its reserve",
         **lambda_curve(task, groups, lambdas, sigmas),
     }
-    seconds["candidates"] = time.perf_counter() - started - sum(seconds.values())
-
-    rows, which = labelled_rows(task, int(settings.num_labelled))
-    perturber = Perturber(
-        task,
-        GrammarChecker(task.grammar(), tokenizer).accepts,
-        [ex.target for ex in rows],
-        int(cfg.seed),
-    )
-    pairs, pair_records = field_pairs(task, scorer, tokenizer, rows, perturber)
-    fields = concordance(pairs, lambdas, sigmas) if pairs else None
-    unperturbed = sum(r["part"] == "unperturbed" for r in pair_records)
-    if unperturbed:  # said, not dropped silently
-        which += (
-            f"; {unperturbed} of the {len(rows)} gave no perturbation (a gold output must be "
-            "one-line JSON as json.dumps writes it, with another value the grammar accepts)"
-        )
-    seconds["perturbations"] = time.perf_counter() - started - sum(seconds.values())
-
-    lam, _ = recommend_lambda(curve, fields, float(cfg["lambda"]))
-    picks = [argmax_index(group, lam, sigmas) for group in groups]
-    curve["lift_interval"] = lift_interval(task, groups, picks, seed=int(cfg.seed))
-    verdict = make_verdict(
-        curve,
-        fields,
-        task.metric_name,
-        float(cfg["lambda"]),
-        float(settings.min_lift),
-        float(settings.blind_below),
-        interval=curve["lift_interval"],
-    )
+    lap("candidates")
+    fields_record, fields, pair_records = _perturbations(cfg, task, scorer, tokenizer, sigmas)
+    lap("perturbations")
+    verdict = _verdict(cfg, task, groups, curve, fields, sigmas)
     record = {
         "task": task.name,
         "model": cfg.model.name,
@@ -181,31 +145,116 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
         "dtype": dtype_name(model),
         "verdict": vars(verdict),
         "sigmas": vars(sigmas),
-        "settings": {
-            **{
-                k: settings[k]
-                for k in ("num_inputs", "num_labelled", "num_samples", "min_lift", "blind_below")
-            },
-            "lambdas": lambdas,
-            "temperature": float(cfg.rollout.temperature),
-            "seed": int(cfg.seed),
-            "config_lambda": float(cfg["lambda"]),
-        },
+        "settings": _settings(cfg, lambdas),
         "candidates": curve,
-        "fields": {
-            "rows": which,
-            "labelled": len(rows),
-            "per_field": perturber.per_field,
-            "how": "the same output with one field changed (other values, empty, an input span, a "
-            "demonstration's value)"
-            if perturber.per_field
-            else "other outputs (other choices, else other gold outputs)",
-            "table": fields or {},
-        },
+        "fields": fields_record,
         "seconds": seconds,
         "config": config_dict(cfg),
     }
-    candidate_records = [
+    path = write_report(out, record, _candidate_records(groups) + pair_records)
+    print(f"{verdict.text}\n-> {path}, {out / MARKDOWN}, {out / PLOT}")
+    return {
+        "path": str(path),
+        "outlook": verdict.outlook,
+        "recommended_lambda": verdict.recommended_lambda,
+    }
+
+
+def _load(cfg: DictConfig) -> tuple[Task, torch.nn.Module, Any]:
+    """The task and the frozen model (in eval mode; the CPU allocator steadied for inference)."""
+    from grammarrl.models.loading import INFERENCE_MMAP_THRESHOLD, load_model, steady_cpu_allocator
+    from grammarrl.tasks import load_task
+
+    task = load_task(cfg)
+    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
+    model.eval()
+    if model.device.type == "cpu":
+        steady_cpu_allocator(INFERENCE_MMAP_THRESHOLD)
+    return task, model, tokenizer
+
+
+def _sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Task) -> Sigmas:
+    """The σ's as training resolves them, and where they came from (no path of this machine)."""
+    direct, reverse, source = run_sigmas(cfg, model, tokenizer, task)
+    log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", direct, reverse, source)
+    if source == str(calibration_file(cfg)):
+        source = "the calibration file, reward.calibration_file"
+    return Sigmas(direct, reverse, source)
+
+
+def _verdict(
+    cfg: DictConfig,
+    task: Task,
+    groups: list[Group],
+    curve: dict[str, Any],
+    fields: dict[str, Any] | None,
+    sigmas: Sigmas,
+) -> Verdict:
+    """The recommended λ's lift interval (added to `curve`) and the verdict."""
+    settings = cfg.diagnose
+    lam, _ = recommend_lambda(curve, fields, float(cfg["lambda"]))
+    picks = [argmax_index(group, lam, sigmas) for group in groups]
+    curve["lift_interval"] = lift_interval(task, groups, picks, seed=int(cfg.seed))
+    return make_verdict(
+        curve,
+        fields,
+        task.metric_name,
+        float(cfg["lambda"]),
+        float(settings.min_lift),
+        float(settings.blind_below),
+        interval=curve["lift_interval"],
+    )
+
+
+def _settings(cfg: DictConfig, lambdas: list[float]) -> dict[str, Any]:
+    """The settings a diagnosis record names."""
+    settings = cfg.diagnose
+    return {
+        **{
+            k: settings[k]
+            for k in ("num_inputs", "num_labelled", "num_samples", "min_lift", "blind_below")
+        },
+        "lambdas": lambdas,
+        "temperature": float(cfg.rollout.temperature),
+        "seed": int(cfg.seed),
+        "config_lambda": float(cfg["lambda"]),
+    }
+
+
+def _perturbations(
+    cfg: DictConfig, task: Task, scorer: ReferenceScorer, tokenizer: Any, sigmas: Sigmas
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
+    """The labelled rows' gold outputs against their perturbations: the record's `fields` part
+    (which rows, how, the concordance table), the table alone (None: no pairs) and the rows."""
+    rows, which = labelled_rows(task, int(cfg.diagnose.num_labelled))
+    accepts = GrammarChecker(task.grammar(), tokenizer).accepts
+    perturber = Perturber(task, accepts, [ex.target for ex in rows], int(cfg.seed))
+    pairs, pair_records = field_pairs(task, scorer, tokenizer, rows, perturber)
+    lambdas = [float(lam) for lam in cfg.diagnose.lambdas]
+    table = concordance(pairs, lambdas, sigmas) if pairs else None
+    unperturbed = sum(r["part"] == "unperturbed" for r in pair_records)
+    if unperturbed:  # said, not dropped silently
+        which += (
+            f"; {unperturbed} of the {len(rows)} gave no perturbation (a gold output must be "
+            "one-line JSON as json.dumps writes it, with another value the grammar accepts)"
+        )
+    per_field = perturber.per_field
+    record = {
+        "rows": which,
+        "labelled": len(rows),
+        "per_field": per_field,
+        "how": "the same output with one field changed (other values, empty, an input span, a "
+        "demonstration's value)"
+        if per_field
+        else "other outputs (other choices, else other gold outputs)",
+        "table": table or {},
+    }
+    return record, table, pair_records
+
+
+def _candidate_records(groups: list[Group]) -> list[dict[str, Any]]:
+    """One diagnosis_rows.jsonl row per dev input: its candidates and their two rewards."""
+    return [
         {
             "part": "candidates",
             "uid": g.example.uid,
@@ -216,10 +265,3 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
         }
         for g in groups
     ]
-    path = write_report(out, record, candidate_records + pair_records)
-    print(f"{verdict.text}\n-> {path}, {out / MARKDOWN}, {out / PLOT}")
-    return {
-        "path": str(path),
-        "outlook": verdict.outlook,
-        "recommended_lambda": verdict.recommended_lambda,
-    }

@@ -18,11 +18,11 @@ import torch
 from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
-from grammarrl.errors import DataError
+from grammarrl.evaluation.test_sets import check_gold, sets_summary, test_examples
 from grammarrl.models.chat import encode_prompt
 from grammarrl.runs.results import adapter_name, build_results, dtype_name, write_results
 from grammarrl.runs.rundir import run_dir
-from grammarrl.tasks.base import Task, drawing_note
+from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
@@ -106,50 +106,6 @@ def is_valid(task: Task, gen: Generation) -> bool:
     except ValueError:
         return False
     return True
-
-
-def test_examples(cfg: DictConfig, task: Task) -> tuple[list[list[Example]], list[Example]]:
-    """The seeded test sets (`eval.num_test_sets` x `eval.test_size`, drawn as
-    `eval.test_set_drawing` says) and all their examples in order; DataError when there are
-    none. Warns when the sets cannot be disjoint (`drawing_note`)."""
-    ev = cfg.eval
-    test_sets = task.test_sets(ev.num_test_sets, ev.test_size, cfg.seed, ev.test_set_drawing)
-    examples = [ex for test_set in test_sets for ex in test_set]
-    if not examples:
-        raise DataError(f"task {task.name}: the test sets are empty (no test examples)")
-    note = test_sets_note(cfg, task)
-    if note:
-        log.warning("task %s: %s", task.name, note)
-    return test_sets, examples
-
-
-def test_sets_note(cfg: DictConfig, task: Task) -> str:
-    """`drawing_note` for the run's test sets ("" when they are disjoint)."""
-    ev = cfg.eval
-    pool = len(task.splits().test_pool)
-    return drawing_note(ev.num_test_sets, ev.test_size, cfg.seed, pool, ev.test_set_drawing)
-
-
-def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> dict[str, int]:
-    """`gold_rejected` and `gold_total`: distinct gold outputs under the task grammar; warns
-    when any is rejected (those examples can never be predicted exactly: a grammar or data
-    problem)."""
-    from grammarrl.tasks.grammar_check import GrammarChecker
-
-    golds = list(dict.fromkeys(ex.target for ex in examples if ex.target))  # unlabelled: none
-    if not golds:
-        return {"gold_rejected": 0, "gold_total": 0}
-    rejected = GrammarChecker(task.grammar(), tokenizer).rejected(golds)
-    if rejected:
-        log.warning(
-            "the %s grammar rejects %d of %d distinct gold outputs of the test sets: those "
-            "examples cannot be predicted exactly (first: %r); `mode=prepare` checks every split",
-            task.name,
-            len(rejected),
-            len(golds),
-            rejected[0][:200],
-        )
-    return {"gold_rejected": len(rejected), "gold_total": len(golds)}
 
 
 def distinct_prompts(
@@ -316,26 +272,6 @@ def output_summary(task: Task, outputs: list[Generation], seconds: float) -> dic
         "seconds_per_example": seconds / count,
         "decode_seconds": seconds,
         "mean_output_tokens": sum(g.num_tokens for g in outputs) / count,
-    }
-
-
-def sets_summary(
-    cfg: DictConfig, task: Task, test_sets: list[list[Example]], distinct: int
-) -> dict[str, Any]:
-    """How the test sets were drawn and decoded (results fields shared by eval and search):
-    the drawing, whether the sets can share examples (`test_sets_note`), and every set's
-    example ids, so that results are paired by the examples they hold, never by set index."""
-    return {
-        "num_test_sets": len(test_sets),
-        "test_size": len(test_sets[0]) if test_sets else 0,
-        "num_examples": sum(map(len, test_sets)),
-        "num_unique_examples": distinct,
-        "max_new_tokens": cfg.task.max_new_tokens,
-        "seed": cfg.seed,
-        "test_set_drawing": cfg.eval.test_set_drawing,
-        "test_pool_size": len(task.splits().test_pool),
-        "test_sets_note": test_sets_note(cfg, task),
-        "set_ids": [[ex.uid for ex in test_set] for test_set in test_sets],
     }
 
 

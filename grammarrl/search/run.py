@@ -22,7 +22,6 @@ documented in docs/search.md).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +40,18 @@ from grammarrl.evaluation.evaluate import (
     run_scoring_job,
     save_results,
     score_test_sets,
-    sets_summary,
-    test_examples,
 )
-from grammarrl.runs.results import adapter_name, build_results, dtype_name, mean_std
+from grammarrl.evaluation.test_sets import sets_summary, test_examples
+from grammarrl.runs.results import adapter_name, build_results, dtype_name
 from grammarrl.runs.rundir import run_dir
-from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
 from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
+from grammarrl.search.selections import (
+    Selections,
+    diagnostics,
+    mean_over_draws,
+    mean_records,
+    selection_scores,
+)
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
@@ -137,7 +141,7 @@ class _Draw:
 
     sampler_seed: int
     populations: dict[str, ParticleSet]
-    picks: _Selections
+    picks: Selections
     selected: dict[str, Generation]
     per_set: list[dict[str, Any]]
     rows: list[dict[str, Any]]
@@ -185,39 +189,54 @@ def search(
         )
         for row in draws[-1].rows:
             row.update(draw=draw, sampler_seed=sampler_seed)
+    results = _results(cfg, model, task, str(decoder.device), test_sets, draws, potential, greedy)
+    return save_results(out, results, [row for d in draws for row in d.rows], name)
+
+
+def _results(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    task: Task,
+    device: str,
+    test_sets: list[list[Example]],
+    draws: list[_Draw],
+    potential: Potential,
+    greedy: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The results record of every draw: scores per set (mean over draws), costs, diagnostics."""
+    settings = cfg.search
     potential_tokens = potential.forward_tokens // len(draws)
     seconds = sum(d.seconds for d in draws) / len(draws)  # one draw's cost
     potential_seconds = sum(d.potential_seconds for d in draws) / len(draws)
     search_tokens = sum(d.search_tokens for d in draws) // len(draws)
     pooled = [g for d in draws for g in d.selected.values()]
-    results = build_results(
+    return build_results(
         task=task.name,
         model=cfg.model.name,
         decoding=str(settings.method),
         metric=task.metric_name,
-        scores=_mean_over_draws([d.scores for d in draws]),
+        scores=mean_over_draws([d.scores for d in draws]),
         config=cfg,
         **output_summary(task, pooled, seconds * len(draws)),
-        **_method_fields(settings, potential_name),
+        **_method_fields(settings, potential.name),
         adapter=adapter_name(cfg.eval.adapter),
         **_costs(seconds, potential_seconds, search_tokens, potential_tokens, greedy),
         sampler_seeds=[d.sampler_seed for d in draws],
         scores_per_draw=[d.scores for d in draws],
-        diagnostics=_diagnostics(
+        diagnostics=diagnostics(
             [p for d in draws for p in d.populations.values()],
             pooled,
-            _mean_over_draws([d.picks.posterior_weighted for d in draws]),
+            mean_over_draws([d.picks.posterior_weighted for d in draws]),
         ),
-        selections=_selection_scores([d.picks for d in draws]),
+        selections=selection_scores([d.picks for d in draws]),
         potential_seconds=potential_seconds,
         forward_tokens=search_tokens,
         potential_forward_tokens=potential_tokens,
         **sets_summary(cfg, task, test_sets, len(draws[0].selected)),
-        device=str(decoder.device),
+        device=device,
         dtype=dtype_name(model),
-        per_set=[_mean_records([d.per_set[i] for d in draws]) for i in range(len(test_sets))],
+        per_set=[mean_records([d.per_set[i] for d in draws]) for i in range(len(test_sets))],
     )
-    return save_results(out, results, [row for d in draws for row in d.rows], name)
 
 
 def _draw(
@@ -240,7 +259,7 @@ def _draw(
     )
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
-    picks = _Selections(
+    picks = Selections(
         task, populations, str(settings.method), int(settings.posterior_draws), sampler_seed
     )
     selected = picks.selected()
@@ -263,31 +282,6 @@ def _draw(
     )
 
 
-def _mean_over_draws(per_draw: list[list[float]]) -> list[float]:
-    """Per test set, the mean of its values over the draws."""
-    return [sum(values) / len(values) for values in zip(*per_draw)]
-
-
-def _mean_records(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One test set's record over the draws: every numeric field averaged, and each draw's own
-    record under `per_draw`."""
-    numeric = [
-        k for k, v in records[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    ]
-    mean = {k: sum(float(r[k]) for r in records) / len(records) for k in numeric}
-    return {**mean, "size": records[0]["size"], "per_draw": records}
-
-
-def _selection_scores(picks: list[_Selections]) -> dict[str, dict[str, Any]]:
-    """Each selection's per-set metric: the mean over draws, each draw's, and the overall mean."""
-    selections = {}
-    for method in picks[0].scores:
-        per_draw = [p.scores[method] for p in picks]
-        scores = _mean_over_draws(per_draw)
-        selections[method] = {"scores": scores, "mean": mean_std(scores)[0], "per_draw": per_draw}
-    return selections
-
-
 def _method_fields(settings: DictConfig, potential: str) -> dict[str, Any]:
     """The search settings a results file records (`ess_threshold` 0: no resampling)."""
     method = str(settings.method)
@@ -299,60 +293,6 @@ def _method_fields(settings: DictConfig, potential: str) -> dict[str, Any]:
         "temperature": float(settings.temperature),
         "batch_size": int(settings.batch_size),
     }
-
-
-class _Selections:
-    """Each output picked from the particles: the method's own selection, plus the paired one on
-    the same particles (rerank <-> is); per test set, every selection's metric and the
-    posterior-weighted metric (`posterior_draws` draws); per example, every selection's score."""
-
-    def __init__(
-        self, task: Task, populations: dict[str, ParticleSet], method: str, draws: int, seed: int
-    ):
-        self.task, self.populations, self.method = task, populations, method
-        self.draws, self.seed = draws, seed
-        methods = ["rerank", "is"] if method in ("rerank", "is") else [method]
-        self.chosen = {
-            m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()} for m in methods
-        }
-        self.scores: dict[str, list[float]] = {m: [] for m in methods}
-        self.items: dict[tuple[int, str], dict[str, Any]] = {}  # (set, uid) -> method -> item
-        self.posterior_weighted: list[float] = []
-
-    def selected(self) -> dict[str, Generation]:
-        return {
-            uid: self.populations[uid].generations[i] for uid, i in self.chosen[self.method].items()
-        }
-
-    def set_fields(self, set_idx: int, test_set: list[Example]) -> dict[str, Any]:
-        for method, chosen in self.chosen.items():
-            texts = [self.populations[ex.uid].generations[chosen[ex.uid]].text for ex in test_set]
-            result = self.task.score(texts, test_set)
-            self.scores[method].append(result.value)
-            for ex, item in zip(test_set, result.per_example):
-                self.items.setdefault((set_idx, ex.uid), {})[method] = item
-        weighted = float("nan")
-        if self.draws:
-            sampled = posterior_draws(
-                [self.populations[ex.uid] for ex in test_set], self.draws, self.seed + set_idx
-            )
-            weighted = (
-                sum(self.task.score([g.text for g in draw], test_set).value for draw in sampled)
-                / self.draws
-            )
-        self.posterior_weighted.append(weighted)
-        return {"posterior_weighted": weighted}
-
-    def row_fields(self, set_idx: int, ex: Example, gen: Generation) -> dict[str, Any]:
-        return {
-            **_particle_fields(
-                gen,
-                self.populations[ex.uid],
-                self.chosen[self.method][ex.uid],
-                {m: chosen[ex.uid] for m, chosen in self.chosen.items()},
-            ),
-            "selection_scores": self.items[(set_idx, ex.uid)],
-        }
 
 
 def _greedy_baseline(
@@ -391,59 +331,4 @@ def _costs(
         "cost_tokens": (search_tokens + potential_tokens) / max(greedy["forward_tokens"], 1),
         "cost_tokens_generation": search_tokens / max(greedy["forward_tokens"], 1),
         "greedy_baseline": greedy,
-    }
-
-
-def _diagnostics(
-    pops: list[ParticleSet], selected: list[Generation], posterior_weighted: list[float]
-) -> dict[str, Any]:
-    """Particle statistics: ESS, completeness, vanished weights, resampling, diversity."""
-    count = max(len(pops), 1)
-    return {
-        "mean_ess": sum(ess(p.log_weights) for p in pops) / count,
-        "min_ess_during": _mean([min(p.ess_trace) for p in pops if p.ess_trace]),
-        "complete_selected": sum(g.finished for g in selected) / max(len(selected), 1),
-        "weights_vanished": sum(normalized_weights(p.log_weights) is None for p in pops) / count,
-        "posterior_weighted": mean_std(posterior_weighted)[0],
-        "posterior_weighted_scores": posterior_weighted,
-        "resamples_per_prompt": sum(p.resamples for p in pops) / count,
-        "complete_particles": sum(g.finished for p in pops for g in p.generations)
-        / max(sum(len(p.generations) for p in pops), 1),
-        "distinct_outputs_per_prompt": _mean([len({g.text for g in p.generations}) for p in pops]),
-    }
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
-def _particle_fields(
-    gen: Generation, ps: ParticleSet, index: int, picks: dict[str, int]
-) -> dict[str, Any]:
-    """A predictions row's search fields: the selection, its posterior weight, the particles."""
-    weights = normalized_weights(ps.log_weights)
-    return {
-        "selected": index,
-        "selections": {m: ps.generations[i].text for m, i in picks.items()},
-        "posterior_weight": sum(
-            w
-            for w, g in zip(weights, ps.generations)
-            if (g.text, g.finished) == (gen.text, gen.finished)
-        )
-        if weights
-        else None,
-        "ess": ess(ps.log_weights),
-        "vanished": weights is None,
-        "resamples": ps.resamples,
-        "particles": [
-            {
-                "text": g.text,
-                "finished": g.finished,
-                "log_weight": w if math.isfinite(w) else None,
-                "potential": p if math.isfinite(p) else None,
-                "logp_unconstrained": g.sum_logp_unconstrained,
-                "num_tokens": g.num_tokens,
-            }
-            for g, w, p in zip(ps.generations, ps.log_weights, ps.potentials)
-        ],
     }

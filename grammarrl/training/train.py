@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 
 from grammarrl.config.checks import device_type, resume_setting
 from grammarrl.errors import ConfigError, GrammarRLError, ModelError
-from grammarrl.evaluation.evaluate import test_examples
 from grammarrl.evaluation.summary import write_summary
+from grammarrl.evaluation.test_sets import test_examples
 from grammarrl.models.loading import add_lora, load_adapter, load_model
 from grammarrl.rl.calibration import run_sigmas
 from grammarrl.runs.atomic import AtomicWriteError, atomic_write, write_jsonl
