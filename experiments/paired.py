@@ -93,10 +93,8 @@ def paired_bootstrap(
         if draws:
             both += _resampled_draws(rng, f1_system) - _resampled_draws(rng, f1_reference)
     count = len(pairs)
-    found = {"examples": _interval(observed / count, examples / count)}
-    if draws:
-        found["examples_and_draws"] = _interval(observed / count, both / count)
-    return found
+    found = {"examples_and_draws": _interval(observed / count, both / count)} if draws else {}
+    return found | {"examples": _interval(observed / count, examples / count)}
 
 
 def paired_interval(

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import curves, dev_selection, outputs, paired
+from experiments import curves, dev_selection, outputs, paired, systems
 from experiments.runs import AggregationError
 from grammarrl.tasks.conll import FIELDS, output_fields
 
@@ -123,3 +123,21 @@ def test_agreement_and_set_statistics_per_test_set():
     assert outputs.agreement(rows, other) == [0.5, 0.0]
     stats = outputs.set_statistics(rows[:2])
     assert stats == {"precision": 0.5, "recall": 1 / 3, "predicted": 1.0, "gold": 1.5}
+
+
+def test_comparison_table_pairs_each_row_with_each_reference_and_pads_missing_rows():
+    greedy = systems.System("frozen greedy", None, (0.2, 0.4))
+    rerank = systems.System("rerank", None, (0.3, 0.3))
+    trained = systems.System("trained", None, (0.5, 0.2))
+    missing = systems.System("missing run", None)
+    table = systems.comparison_table([greedy, rerank, trained, missing], [greedy, rerank], "c")
+    assert table.header[3:6:2] == ["diff. vs frozen greedy", "diff. vs rerank"]
+    found = {row.label: [c.render(3) for c in row.cells] for row in table.rows()}
+    assert found["trained"][2:] == [
+        "0.050 ± 0.354",  # std (ddof=1) of +0.3, -0.2: 0.5 / sqrt(2)
+        "+0.300, -0.200",
+        "0.050 ± 0.212",
+        "+0.200, -0.100",
+    ]
+    assert found["missing run"] == ["missing"] + ["–"] * 5
+    assert all(len(cells) == len(table.header) - 1 for cells in found.values())
