@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from experiments.intervals import COUNTS
+from experiments.runs import AggregationError
 from experiments.systems import System, counted_predictions
 from experiments.table_format import Block, Cell, Row, Table
 from grammarrl.metrics import entity_prf
@@ -43,18 +44,30 @@ def set_statistics(rows: Rows) -> dict[str, float]:
 
 
 def field_statistics(
-    rows: Rows, fields: Sequence[str], parse: Callable[[str], Mapping[str, str]]
+    rows: Rows,
+    fields: Sequence[str],
+    parse: Callable[[str], Mapping[str, str]],
+    gold: Mapping[str, str] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Per field, precision and recall over the rows' outputs against their gold (both read
-    by `parse`, e.g. `grammarrl.tasks.conll.output_fields`), and the mean output length in
-    tokens (`num_tokens`) under "length"."""
-    counts = entity_prf(
-        [parse(row["prediction"]) for row in rows], [parse(row["gold"]) for row in rows], fields
-    )
+    """Per field and over all fields ("micro"), precision and recall of the rows' outputs
+    against their gold (both read by `parse`, e.g. `grammarrl.tasks.conll.output_fields`): the
+    row's `gold`, else `gold[uid]` (validation records hold no gold); and the mean output length
+    in tokens under "length" where the rows record it (`num_tokens`)."""
+    golds = [parse(_gold(row, gold or {})) for row in rows]
+    counts = entity_prf([parse(row["prediction"]) for row in rows], golds, fields)
     found = {name: {"precision": c.precision, "recall": c.recall} for name, c in counts.items()}
     tokens = [row["num_tokens"] for row in rows if "num_tokens" in row]
-    found["length"] = {"tokens": _ratio(sum(tokens), len(tokens))}
+    if tokens:
+        found["length"] = {"tokens": sum(tokens) / len(tokens)}
     return found
+
+
+def _gold(row: Mapping[str, Any], gold: Mapping[str, str]) -> str:
+    if "gold" in row:
+        return row["gold"]
+    if row["uid"] not in gold:
+        raise AggregationError(f"example {row['uid']}: no gold in its row nor in the golds given")
+    return gold[row["uid"]]
 
 
 def agreement(rows: Rows, other: Rows) -> list[float]:

@@ -73,6 +73,11 @@ def test_paired_dev_interval_against_a_reference_run(tmp_path: Path):
     assert observed == pytest.approx(0.5) and low <= observed <= high and above > 0.5
     flipped = dev_selection.paired_dev_interval(tmp_path / "ref", tmp_path / "new")
     assert flipped[0] == pytest.approx(-0.5)
+    write_validation(tmp_path / "pilot", {0: [HIT, MISS, MISS, MISS], 20: [HIT, HIT, MISS, HIT]})
+    from_start = dev_selection.paired_dev_interval(
+        tmp_path / "pilot", tmp_path / "pilot", reference_step=0
+    )
+    assert from_start[0] == pytest.approx(0.5)  # a run against its own step 0
     write_validation(tmp_path / "short", {20: [HIT, HIT, MISS]})
     with pytest.raises(AggregationError, match="different examples"):
         dev_selection.paired_dev_interval(tmp_path / "short", tmp_path / "ref")
@@ -111,6 +116,12 @@ def test_field_statistics_give_per_field_precision_recall_and_length():
     assert found["misc"]["precision"] == 0.0
     assert found["micro"] == {"precision": 1 / 3, "recall": 0.5}
     assert found["length"] == {"tokens": 25.0}
+    records = [{"uid": r["uid"], "prediction": r["prediction"]} for r in rows]  # validation.jsonl
+    golds = {r["uid"]: r["gold"] for r in rows}
+    by_uid = outputs.field_statistics(records, FIELDS, output_fields, gold=golds)
+    assert by_uid["person"] == found["person"] and "length" not in by_uid
+    with pytest.raises(AggregationError, match="example u1: no gold"):
+        outputs.field_statistics(records, FIELDS, output_fields, gold={"u0": rows[0]["gold"]})
 
 
 def test_agreement_and_set_statistics_per_test_set():
