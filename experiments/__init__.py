@@ -1,4 +1,5 @@
-"""Sweeps that reproduce the paper's tables and figures: run discovery (runs), the table model
-and its Markdown/LaTeX renderings (table_format), the paper's tables (paper_tables), prediction
-and metric statistics (analysis), figures (figures), the aggregation CLI (aggregate), sweep
-listing (jobs) and a W&B report definition (wandb_report). See experiments/README.md."""
+"""Sweeps that reproduce the paper's tables and figures, and the building blocks studies reuse:
+run discovery (runs), tables (table_format), paired comparisons (paired, systems, compare), dev
+selection (dev_selection, training_runs), mechanism and outputs (mechanism, outputs, sigmas),
+curves (curves), the paper's tables (paper_tables) and the aggregation CLI (aggregate); what is
+specific to one study lives in `experiments/studies/`. See experiments/README.md."""

@@ -5,7 +5,7 @@
 
 REPORT is one of: sweep (any sweep, one row per evaluation), main, ablation_lambda,
 ablation_rollout, calibration, inference_time, evidence2 (the sweeps by role, in that order;
-experiments/evidence.py), compare (systems across results files by distinct test set, with
+experiments/studies/evidence2.py), compare (systems across results files by distinct test set, with
 --reference LABEL and --label LABEL=TEXT; experiments/compare.py). Everything is computed from
 the runs' results files, predictions and logged metrics. Runs without results (failed or
 unfinished jobs) are listed in `runs.md` and on stderr. Output goes to
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from experiments import analysis, compare, evidence, figures, paper_tables
+from experiments import analysis, compare, figures, paper_tables
 from experiments.runs import (
     BASELINE,
     GRAMMARRL,
@@ -30,6 +30,7 @@ from experiments.runs import (
     load_sweep,
     where,
 )
+from experiments.studies import evidence2
 from experiments.table_format import Block, Cell, Row, Table, to_latex, to_markdown
 from grammarrl.tasks import gloss
 
@@ -250,7 +251,7 @@ def report_inference(evals: list[Evaluation], out: Path, args: argparse.Namespac
 def report_evidence2(sweep: Sweep, out: Path) -> list[Path]:
     """dev_selection, comparison, mechanism, training_seeds and outputs where they apply (.md,
     .tex) and training_curves_evidence2.png."""
-    built, pngs = evidence.build(sweep, out)
+    built, pngs = evidence2.build(sweep, out)
     return [path for table in built for path in write_table(table, out)] + pngs
 
 

@@ -28,6 +28,7 @@ RESULTS_GLOB = "results*.json"
 BASELINE = "baseline"
 GRAMMARRL = "grammarrl"
 NO_RESULTS_MODES = ("prepare", "calibrate")  # modes whose output is not a results file
+METRIC_LABELS = {"micro_f1": "micro-F1", "bleu": "BLEU", "hierarchical_f1": "hier. F1"}
 
 
 class AggregationError(RuntimeError):
@@ -277,6 +278,11 @@ def load_sweep(roots: list[str | Path]) -> Sweep:
             )
         runs.extend(load_run(d) for d in dirs)
     return Sweep(roots=paths, runs=runs)
+
+
+def metric_label(metric: str) -> str:
+    """A metric's name in tables: `micro_f1` → `micro-F1`."""
+    return METRIC_LABELS.get(metric, metric)
 
 
 def format_number(value: float | None) -> str:

@@ -1,12 +1,13 @@
-"""The paired bootstrap of Evidence II's comparison (`experiments/evidence_bootstrap.py`)."""
+"""The paired bootstrap of Evidence II's comparison (`experiments/paired.py`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from experiments.evidence_bootstrap import _counts, paired_bootstrap
 from experiments.intervals import micro_f1
+from experiments.paired import counts_by_set as _counts
+from experiments.paired import paired_interval as paired_bootstrap
 from experiments.runs import AggregationError
 
 

@@ -15,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments import aggregate as agg
-from experiments import evidence_training
-from experiments.runs import AggregationError
+from experiments import dev_selection, training_runs
+from experiments.runs import AggregationError, metric_label
 from grammarrl.rl.calibration import calibration_conditions
 from grammarrl.runs.results import build_results, mean_std, write_results
 from tests.conftest import compose_config
@@ -286,11 +286,11 @@ def test_choice_tie_breaks(tmp_path: Path, base_config: dict[str, Any]):
     root = tmp_path / "train"
     train_run(root, base_config, 0.75, 3, [0.2, 0.3, 0.4], [0.1] * 3)
     train_run(root, base_config, 1.0, 10, [0.2, 0.36, 0.4], [0.1] * 3)
-    runs = [evidence_training.training_run(r) for r in agg.load_sweep([root]).runs]
-    assert evidence_training.choose(runs).label == "λ=1, N=10"  # higher mean of the last two
+    runs = [training_runs.training_run(r) for r in agg.load_sweep([root]).runs]
+    assert dev_selection.choose(runs).label == "λ=1, N=10"  # higher mean of the last two
     train_run(root, base_config, 1.0, 3, [0.2, 0.36, 0.4], [0.1] * 3)
-    runs = [evidence_training.training_run(r) for r in agg.load_sweep([root]).runs]
-    assert evidence_training.choose(runs).label == "λ=1, N=3"  # same numbers: smaller N
+    runs = [training_runs.training_run(r) for r in agg.load_sweep([root]).runs]
+    assert dev_selection.choose(runs).label == "λ=1, N=3"  # same numbers: smaller N
 
 
 def test_comparison_paired_differences(study: Path):
@@ -610,7 +610,7 @@ def test_trained_proposal_rows(study: Path, base_config: dict[str, Any]):
 
 
 def test_a_proposal_adapter_outside_the_training_runs_is_named_by_its_directory(tmp_path: Path):
-    from experiments.evidence import _adapter_owner
+    from experiments.training_runs import adapter_owner as _adapter_owner
 
     assert _adapter_owner([], str(tmp_path / "run7" / "adapter")) == "run7"
     assert (
@@ -685,7 +685,7 @@ def test_every_task_metric_has_a_table_label():
 
     for name in builtin_task_names():
         metric = task_class({"_target_": task_targets()[name]}).metric_name
-        assert evidence_training.metric_label(metric) != metric, name
+        assert metric_label(metric) != metric, name
 
 
 def write_predictions(run: Path, outputs: dict[tuple[int, str], tuple[str, int, int, int]]) -> None:

@@ -1,5 +1,5 @@
-"""Evidence II, the σ's a training run trained with: from its config, its last checkpoint or its
-entry of the calibration file, so that rewards of any system's outputs combine as in training."""
+"""The σ's a training run trained with: from its config, its last checkpoint or its entry of the
+calibration file, so that rewards of any system's outputs combine as in training."""
 
 from __future__ import annotations
 
