@@ -1,0 +1,122 @@
+"""Evidence III's dev pilot (issue 45): a training run read against its own step 0.
+
+The pilot (`conf/experiment/evidence3_pilot_cpu.yaml`) starts from the 360-step RLOO adapter and
+validates it before its first step, so step 0 of its dev record is the reference of the
+continue-or-stop rule: continue only if a later step's greedy beats step 0 on dev by more than
+the paired interval. Per validation step: dev micro-F1, its paired difference from step 0 with
+a 95% bootstrap interval over the shared dev inputs, per-field precision and recall, entities
+per output; per stretch of training before it: the mean ESS of the importance weights, the
+share of prompts without targets, the model forward calls and the seconds a step.
+
+    python -m experiments.studies.evidence3 RUN_DIR --out experiments/results/evidence3-pilot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.curves import Series, curve
+from experiments.dev_selection import dev_rows, paired_dev_interval
+from experiments.intervals import counts_of, micro_f1
+from experiments.outputs import field_statistics
+from grammarrl.evaluation.curves import read_metrics
+from grammarrl.tasks.conll import FIELDS, output_fields
+
+TRAINING = (  # (logged key, column): means over the steps since the previous validation
+    ("train/ess", "ESS"),
+    ("train/no_targets", "no targets"),
+    ("perf/step_seconds", "s / step"),
+)
+
+
+def dev_golds(run: Path) -> dict[str, str]:
+    """uid -> gold output of the run's dev inputs, from its task composed as the run was."""
+    from omegaconf import OmegaConf
+
+    from grammarrl.job import compose_job_config
+    from grammarrl.tasks import load_task
+
+    overrides = OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "overrides.yaml"))
+    splits = load_task(compose_job_config([str(o) for o in overrides])).splits()
+    return {ex.uid: ex.target for ex in splits.dev + splits.dev_reserve}
+
+
+def _window_mean(series: Series, key: str, after: int, upto: int) -> float | None:
+    values = [v for step, v in curve(series, key) if after <= step < upto]
+    return sum(values) / len(values) if values else None
+
+
+def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One row per validation step of the run's dev record (module docstring)."""
+    steps = sorted({r["step"] for r in dev_rows_all(run)})
+    series = read_metrics(run)
+    rows = []
+    for i, step in enumerate(steps):
+        records = dev_rows(run, step)
+        found = field_statistics(records, FIELDS, output_fields, golds)
+        diff = paired_dev_interval(run, run, step, steps[0]) if i else None
+        row = {
+            "step": step,
+            "inputs": len(records),
+            "dev_micro_f1": float(micro_f1(counts_of([r["scores"] for r in records]).sum(0))),
+            "difference": diff,
+            "fields": found,
+            "entities_per_output": _entities(records),
+            "forward_passes": dict(curve(series, "train/forward_passes")).get(step - 1),
+        }
+        for key, column in TRAINING:
+            row[column] = _window_mean(series, key, steps[i - 1] if i else 0, step) if i else None
+        rows.append(row)
+    return rows
+
+
+def dev_rows_all(run: Path) -> list[dict[str, Any]]:
+    """Every dev record of the run, all validation steps."""
+    path = run / "validation.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return [r for r in map(json.loads, filter(None, lines)) if r["slice"] == "dev"]
+
+
+def _entities(rows: Sequence[Mapping[str, Any]]) -> float:
+    filled = [sum(bool(v) for v in output_fields(r["prediction"]).values()) for r in rows]
+    return sum(filled) / max(len(filled), 1)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The pilot's table: one line per validation step."""
+    head = ["step", "dev micro-F1", "Δ vs step 0 [95%]", *(f"{f} P/R" for f in FIELDS)]
+    head += ["entities / output", *(column for _, column in TRAINING), "forward calls"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        diff = row["difference"]
+        cells = [str(row["step"]), f"{row['dev_micro_f1']:.3f}"]
+        cells.append("–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]")
+        cells += [
+            f"{row['fields'][f]['precision']:.2f}/{row['fields'][f]['recall']:.2f}" for f in FIELDS
+        ]
+        cells.append(f"{row['entities_per_output']:.2f}")
+        cells += ["–" if row[c] is None else f"{row[c]:.2f}" for _, c in TRAINING]
+        cells.append("–" if row["forward_passes"] is None else f"{row['forward_passes']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="the pilot's run directory")
+    parser.add_argument("--out", type=Path, required=True, help="folder for pilot.md, pilot.json")
+    args = parser.parse_args(argv)
+    rows = pilot_rows(args.run, dev_golds(args.run))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pilot.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    (args.out / "pilot.md").write_text(markdown(rows), encoding="utf-8")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
