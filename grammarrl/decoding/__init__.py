@@ -1,5 +1,6 @@
 """Grammar-constrained decoding: llguidance matchers over a HF causal LM (greedy, sampling, beam,
-group rollouts), with per-token unconstrained / constrained log-probs and allowed mass."""
+group rollouts), with per-token unconstrained / constrained log-probs and allowed mass; and
+teacher-forced scoring of given outputs (`scoring.py`)."""
 
 from grammarrl.decoding.decoder import ConstrainedDecoder
 from grammarrl.decoding.grammar import CompiledGrammar, GrammarError
