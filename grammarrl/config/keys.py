@@ -23,7 +23,7 @@ MODES = ("train", "eval", "calibrate", "search", "diagnose", "prepare", "export"
 NOT_DIAGNOSE = tuple(mode for mode in MODES if mode != "diagnose")
 
 RESULT = "result"  # another value changes results: a re-run with it is refused
-CONTINUABLE = "continuable"  # a training run may change it and continue from its checkpoint
+CONTINUABLE = "continuable"  # a result, but a training run may change it and still resume
 BOOKKEEPING = "bookkeeping"  # changes no number a job writes: never compared
 ROLES = (RESULT, CONTINUABLE, BOOKKEEPING)
 

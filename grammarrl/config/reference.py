@@ -149,8 +149,9 @@ INTRO = (
 ROLES = (
     "A key's role says what another value does to a run directory's outputs: **result**: "
     "changes results, so a re-run with another value is refused (`overwrite=true` replaces "
-    "them); **continuable**: a training setting a restarted training run may change and "
-    "continue from its checkpoint (other keys refuse the resume); **bookkeeping**: changes no "
+    "them); **continuable**: compared as a result, except that a restarted training run may "
+    "change it and continue from its checkpoint (another change refuses the resume); "
+    "**bookkeeping**: changes no "
     "number, never compared. A key is compared only for the modes listed where not all "
     "(`not diagnose`: mode=diagnose scores the frozen model alone). `older records`: what a "
     "run recorded before the key existed ran with."
