@@ -131,7 +131,7 @@ def device_type(spec: str) -> str:
 
 
 def _check_devices(cfg: DictConfig) -> None:
-    """Cross-key: `trainer.accelerator` must not contradict `device`."""
+    """`trainer.accelerator` must not contradict `device`."""
     device, accelerator = str(cfg.device), str(cfg.trainer.accelerator)
     wanted = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(accelerator)
     if wanted is not None and wanted != device_type(device):
@@ -173,7 +173,6 @@ def check_values(cfg: DictConfig) -> None:
                 check_value(f"{group}.{f.name}", typed[group][f.name], declared, str(f.type))
     _check_callbacks(cfg.callbacks)
     _check_combinations(cfg, typed)
-    _check_devices(cfg)
     resume_setting(cfg.train.resume)  # the file system: the checkpoint must exist
 
 
@@ -216,7 +215,9 @@ def _check_combinations(cfg: DictConfig, typed: dict[str, Any]) -> None:
             f"reward.{given} is set alone: set both σ's by hand, or neither (the calibration "
             "file, the task's table or a calibration then gives both)"
         )
+    # eval.adapter belongs to the modes that load it
     _check_adapter(cfg.mode, typed["eval"].adapter)
+    _check_devices(cfg)  # trainer.accelerator against device
 
 
 def _check_init_adapter(adapter: Path, lora: Any) -> None:
