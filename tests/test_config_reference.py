@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from grammarrl.config import reference as config_reference
-from grammarrl.config.schema import SCALARS, SCHEMAS, Key, key
+from grammarrl.config.keys import Key, key
+from grammarrl.config.schema import SCALARS, SCHEMAS
 
 
 def test_every_key_has_a_description():

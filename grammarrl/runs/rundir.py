@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
+from grammarrl.config import roles
 from grammarrl.config.schema import MOVED
 from grammarrl.errors import GrammarRLError
 from grammarrl.runs.atomic import write_json
@@ -46,49 +47,13 @@ COMPLETED_BY_MODE = {"diagnose": "diagnosis.json"}  # modes that write another f
 # modes that write into the run dir
 RECORDED_MODES = ("train", "eval", "search", "calibrate", "diagnose")
 SKIPPABLE_MODES = ("train", "eval", "search", "diagnose")
-# Keys that change no number a job writes: never compared.
-BOOKKEEPING = ("skip_completed", "overwrite", "logger", "train.resume", "task._target_")
-# Keys that change no number of a mode's jobs: not compared for it. mode=diagnose decodes and
-# scores with the frozen model only: training's, evaluation's and search's keys do not reach it.
-MODE_UNUSED = {
-    **{mode: ("eval.sampler_seeds", "diagnose") for mode in ("train", "eval", "calibrate")},
-    "search": ("diagnose",),
-    "diagnose": (
-        "beta",
-        "kl_penalty",
-        "lora",
-        "optim.lr",
-        "optim.weight_decay",
-        "task.lr",
-        "task.max_steps",
-        "train",
-        "trainer",
-        "callbacks",
-        "eval",
-        "search",
-        "export",
-    ),
-}
+# Which keys are compared, derived from each key's declared role (`grammarrl.config.roles`).
+BOOKKEEPING = roles.bookkeeping()  # change no number a job writes: never compared
+# Keys that change no number of a mode's jobs: not compared for it (mode=diagnose decodes and
+# scores with the frozen model only: training's, evaluation's and search's keys do not reach it).
+MODE_UNUSED = {mode: roles.unused_by(mode) for mode in RECORDED_MODES}
 # Keys a training run may change and still continue from its checkpoint (logged when changed).
-# Its σ's come from the checkpoint, so where the calibration file lives does not matter either.
-CONTINUABLE = (
-    "trainer.max_steps",
-    "eval",
-    "train.eval_baseline",
-    "train.eval_beam",
-    "train.eval_best_dev",
-    "train.share_prefix",
-    "train.gradient_checkpointing",
-    "trainer.val_check_interval",
-    "train.val_size",
-    "train.val_train_slice",
-    "train.checkpoint_every_n_steps",
-    "trainer.log_every_n_steps",
-    "trainer.enable_model_summary",
-    "cache_dir",
-    "reward.calibration_file",
-    "reward.calibration_seed",
-)
+CONTINUABLE = roles.continuable()
 # Trainer arguments a config recorded before `trainer` built the Trainer did not hold: the
 # values the Trainer was built with then.
 TRAINER_BEFORE = {
@@ -99,16 +64,9 @@ TRAINER_BEFORE = {
     "use_distributed_sampler": False,
 }
 # Keys added since: the value a config recorded before a key existed was run with.
-ADDED = {
-    "kl_penalty": "loss",
-    "eval.test_set_drawing": "seed_plus_index",
-    "eval.sampler_seeds": None,  # one draw, seeded with `seed`
-    "train.objective": "rloo",
-    "train.init_adapter": None,  # a fresh LoRA adapter
-    "train.val_train_slice": True,
-}
+ADDED = roles.recorded_defaults()
 # Keys split off another since (new -> old): a config recorded before ran with the old key's value.
-SPLIT_FROM = {"train.seed": "seed", "reward.calibration_seed": "seed"}
+SPLIT_FROM = roles.split_from()
 RESULTS = ("results*.json", "predictions*.jsonl")
 OUTPUTS = (
     *RESULTS,
