@@ -32,7 +32,7 @@ from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
 from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, lift_interval
 from grammarrl.diagnosis.verdict import make_verdict, recommend_lambda
-from grammarrl.rl.calibration import calibration_file, run_sigmas
+from grammarrl.rl.calibration import CalibrationSettings, run_sigmas
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.runs.results import config_dict, dtype_name
 from grammarrl.runs.rundir import run_dir
@@ -117,9 +117,10 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     if model.device.type == "cpu":
         steady_cpu_allocator(INFERENCE_MMAP_THRESHOLD)
     seconds["loading"] = time.perf_counter() - started
-    direct, reverse, source = run_sigmas(cfg, model, tokenizer, task)
+    calibration = CalibrationSettings.from_config(cfg)
+    direct, reverse, source = run_sigmas(calibration, model, tokenizer, task)
     log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", direct, reverse, source)
-    if source == str(calibration_file(cfg)):  # the record names no path of this machine
+    if source == str(calibration.file):  # the record names no path of this machine
         source = "the calibration file, reward.calibration_file"
     sigmas = Sigmas(direct, reverse, source)
     seconds["σ's"] = time.perf_counter() - started - sum(seconds.values())
