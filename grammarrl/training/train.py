@@ -171,11 +171,12 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
     )
     module = GrammarRLModule(policy, tokenizer, task, StepSettings.from_config(cfg, *sigmas))
     best_dev = BestDevAdapter(out, task.metric_name)
+    record = RecordSettings(config_dict(cfg), sigmas)  # the config with a custom task's spec merged
     trainer = build_trainer(
         cfg.trainer,
         cfg.callbacks,
         out,
-        [best_dev, RecordSettings(config_dict(cfg), sigmas)],
+        [best_dev, record],
         device=cfg.device,
         checkpoint_every=cfg.train.checkpoint_every_n_steps,
         loggers=build_loggers(out, cfg.logger.name),
