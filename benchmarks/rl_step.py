@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.common import Bench, BenchResult, release_memory
 from grammarrl.models.loading import with_kv_cache
-from grammarrl.training.module import policy_train_mode
+from grammarrl.training.policy import policy_train_mode
 
 PHASES = ("rollout", "scoring", "policy", "backward", "optimizer", "step")
 # Fixed σ's: the benchmark times a step, it does not need calibrated rewards.
@@ -38,21 +38,17 @@ def train_module(
     from grammarrl.models.loading import add_lora
     from grammarrl.tasks import load_task
     from grammarrl.training.callbacks import PhaseTimer
-    from grammarrl.training.datamodule import GrammarRLDataModule
+    from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
     from grammarrl.training.module import GrammarRLModule
+    from grammarrl.training.settings import StepSettings
 
     cfg = bench.config(*STEP_OVERRIDES, f"trainer.max_steps={steps}", *overrides)
     L.seed_everything(cfg.seed, verbose=False)
     model, tokenizer = bench.load(cfg)
     task = load_task(cfg)
-    module = GrammarRLModule(
-        cfg,
-        add_lora(model, cfg.lora),
-        tokenizer,
-        task,
-        cfg.reward.sigma_direct,
-        cfg.reward.sigma_reverse,
-    )
+    sigmas = cfg.reward.sigma_direct, cfg.reward.sigma_reverse
+    settings = StepSettings.from_config(cfg, *sigmas)
+    module = GrammarRLModule(add_lora(model, cfg.lora), tokenizer, task, settings)
     timer = PhaseTimer()
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
@@ -70,7 +66,7 @@ def train_module(
     if record is not None:
         step_loss = module.step_loss
         module.step_loss = lambda batch: record.append(step_loss(batch)) or record[-1]
-    trainer.fit(module, datamodule=GrammarRLDataModule(cfg, task))
+    trainer.fit(module, datamodule=GrammarRLDataModule(task, DataSettings.from_config(cfg)))
     return module, timer.history
 
 
@@ -163,7 +159,7 @@ def step_floor(bench: Bench, task_name: str, steps: int = 2) -> BenchResult:
     example = rollouts.examples[0]
     policy, device = module.policy.eval(), next(module.policy.parameters()).device
     num_samples = len(group) - 1
-    beam_width = module.cfg.rollout.beam_width
+    beam_width = module.settings.rollout.beam_width
     lengths = [len(g.token_ids) for g in group]
     candidates = [t for g in group for t in g.token_ids]
     scorer = module.scorer

@@ -9,8 +9,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from experiments.runs import AggregationError, Evaluation, Run
 from grammarrl.evaluation import curves
 from grammarrl.rl.calibration import calibration_key, entries
@@ -59,16 +57,10 @@ def calibration_entry(run: Run) -> dict[str, Any] | None:
     by default cache_dir/calibration.json) under its task/model/nN_bB key; None when neither
     holds it (the run failed)."""
     key = calibration_key(
-        OmegaConf.create(
-            {
-                "task": {"name": run.get("task.name")},
-                "model": {"name": run.get("model.name")},
-                "rollout": {
-                    "num_samples": run.get("rollout.num_samples"),
-                    "beam_width": run.get("rollout.beam_width"),
-                },
-            }
-        )
+        run.get("task.name"),
+        run.get("model.name"),
+        run.get("rollout.num_samples"),
+        run.get("rollout.beam_width"),
     )
     shared = run.get("reward.calibration_file") or Path(str(run.get("cache_dir", ""))) / (
         "calibration.json"

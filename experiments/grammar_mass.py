@@ -25,10 +25,10 @@ import torch
 
 from grammarrl.job import compose_job_config, validate
 from grammarrl.models.loading import load_model
-from grammarrl.rl.calibration import dev_rollouts, within_group_std
+from grammarrl.rl.calibration import CalibrationSettings, dev_rollouts, within_group_std
 from grammarrl.rl.rloo import combine_rewards
 from grammarrl.tasks import load_task
-from grammarrl.training.module import summed_per_candidate
+from grammarrl.training.policy import summed_per_candidate
 
 
 def within_group_slope(x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> float | None:
@@ -57,7 +57,8 @@ def measure(cfg: Any, dev_size: int) -> dict[str, Any]:
     task = load_task(cfg)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     dev = task.splits().dev[:dev_size]
-    batches = dev_rollouts(cfg, model, tokenizer, task, dev, "rollout groups")
+    settings = CalibrationSettings.from_config(cfg)
+    batches = dev_rollouts(settings, model, tokenizer, task, dev, "rollout groups")
     groups = [group for batch in batches for group in batch.groups]
     fields = torch.tensor([[filled_fields(task, g.text) for g in group] for group in groups])
     scored = torch.cat([b.valid for b in batches])

@@ -29,7 +29,7 @@ from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.job import compose_job_config, validate
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.loading import load_model
-from grammarrl.rl.calibration import dev_rollouts, within_group_std
+from grammarrl.rl.calibration import CalibrationSettings, dev_rollouts, within_group_std
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.rl.rloo import combine_rewards
 from grammarrl.rl.rollout import RolloutBatch
@@ -100,8 +100,9 @@ def reward_agreement(
 ) -> dict[str, Any]:
     """Rollout groups from float32, scored by both references; then bf16's own calibration."""
     dev = task.splits().dev[:size]
+    settings = CalibrationSettings.from_config(cfg)
     batches: dict[str, list[RolloutBatch]] = {
-        name: dev_rollouts(cfg, model, tokenizer, task, dev, f"rollouts {name}")
+        name: dev_rollouts(settings, model, tokenizer, task, dev, f"rollouts {name}")
         for name, model in models.items()  # each precision's own rollouts, as calibration does
     }
     fp32 = batches["float32"]

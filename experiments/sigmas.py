@@ -34,7 +34,7 @@ def training_sigmas(ev: Evaluation) -> Sigmas | None:
     checkpoint = ev.run.path / "checkpoints" / "last.ckpt"
     if checkpoint.is_file():
         from grammarrl.training.callbacks import RUN_RECORD  # lightning: only when needed
-        from grammarrl.training.train import read_checkpoint
+        from grammarrl.training.resume import read_checkpoint
 
         try:
             record = read_checkpoint(checkpoint).get(RUN_RECORD) or {}
@@ -58,7 +58,9 @@ def calibrated_sigmas(ev: Evaluation) -> Sigmas | None:
         cfg.device = "cpu"  # the dtype comes from the results, not from this machine
         cfg.model.dtype = str(ev.results.get("dtype") or "float32")
         conditions = calibration_conditions(cfg)
-        key = calibration_key(cfg)
+        key = calibration_key(
+            cfg.task.name, cfg.model.name, cfg.rollout.num_samples, cfg.rollout.beam_width
+        )
     except (OmegaConfBaseException, GrammarRLError):
         return None
     if not ev.results.get("dtype"):

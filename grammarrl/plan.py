@@ -221,7 +221,7 @@ def build_policy(
     from transformers import AutoModelForCausalLM
 
     from grammarrl.models.loading import add_lora, enable_activation_checkpointing, float32_head
-    from grammarrl.training.module import policy_train_mode
+    from grammarrl.training.policy import policy_train_mode
 
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

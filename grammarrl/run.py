@@ -62,18 +62,20 @@ def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> dict[str,
     run would resume from, unless the plan deletes it. Returns what the mode's function takes
     from them, so that it does not find it again: `resume` (train)."""
     from grammarrl.models.loading import check_adapter_dir, check_model_source, resolve_device
-    from grammarrl.rl.calibration import check_calibration_file
+    from grammarrl.rl.calibration import CalibrationSettings, check_calibration_file
 
     tracking.check_logger(cfg)
     resolve_device(cfg.device)
     check_model_source(cfg.model)
     if cfg.eval.adapter:
         check_adapter_dir(cfg.eval.adapter)
-    check_calibration_file(cfg)
+    check_calibration_file(CalibrationSettings.from_config(cfg), cfg.mode)
     if cfg.mode == "train" and out is not None and out / "checkpoints" not in plan.remove:
-        from grammarrl.training.train import resolve_resume
+        from grammarrl.runs.results import config_dict
+        from grammarrl.training.resume import resolve_resume
 
-        return {"resume": resolve_resume(cfg, out)}
+        resume = resolve_resume(out, cfg.train.resume, cfg.trainer.max_steps, config_dict(cfg))
+        return {"resume": resume}
     return {}
 
 

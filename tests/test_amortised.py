@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from omegaconf import DictConfig
 
 from grammarrl.decoding.scoring import sequence_logprobs
 from grammarrl.errors import ConfigError
@@ -20,6 +21,8 @@ from grammarrl.search.run import search_examples
 from grammarrl.tasks import load_task
 from grammarrl.training.amortised import candidate_indices, resample
 from grammarrl.training.module import GrammarRLModule
+from grammarrl.training.policy import policy_logp
+from grammarrl.training.settings import StepSettings
 from tests.conftest import compose_config, train_in
 from tests.test_module import STEP
 
@@ -43,7 +46,9 @@ def make_module(tiny, overrides: list[str], trained: bool) -> GrammarRLModule:
     policy = add_lora(copy.deepcopy(tiny[0]), cfg.lora)
     if trained:
         randomise_lora_b(policy)
-    module = GrammarRLModule(cfg, policy, tiny[1], load_task(cfg), 1.0, 1.0)
+    module = GrammarRLModule(
+        policy, tiny[1], load_task(cfg), StepSettings.from_config(cfg, 1.0, 1.0)
+    )
     module.setup("fit")
     return module
 
@@ -74,15 +79,16 @@ def test_resampling_draws_in_proportion_to_the_normalised_weights():
     assert one == [0, 0, 0]
 
 
-def _search_particles(module: GrammarRLModule, example, seed: int):
-    """mode=search's Full IS particles of one example with the module's decoder and potential."""
+def _search_particles(module: GrammarRLModule, search: DictConfig, example, seed: int):
+    """mode=search's Full IS particles of one example with the module's decoder and potential,
+    under the `search` group the module was built with."""
     populations, _ = search_examples(
         module.decoder,
         module.tokenizer,
         module.task,
         [example],
         module.potential,
-        module.cfg.search,
+        search,
         seed,
         progress=False,
     )
@@ -105,9 +111,10 @@ def _logp(model, prompt: list[int], outputs: list[list[int]], reference: bool) -
 def test_importance_weights_are_full_is_weights_retargeted_to_the_reference(tiny, trained):
     """With a zero adapter (policy = reference) the weights are mode=search's IS weights of the
     same particles; with a trained adapter they differ by log p_ref(y) − log p_θ(y)."""
-    module = make_module(tiny, [*AMORTISED, "search.batch_size=1"], trained)
+    overrides = [*AMORTISED, "search.batch_size=1"]
+    module = make_module(tiny, overrides, trained)
     example = module.task.splits().train[0]
-    searched = _search_particles(module, example, seed=11)
+    searched = _search_particles(module, compose_config(overrides).search, example, seed=11)
     module.generator.manual_seed(11)
     step = module.amortised_step_loss([example])
     (population,) = step.populations
@@ -143,7 +150,7 @@ def test_one_step_lowers_the_nll_of_its_targets(tiny):
     prompts = [encode_prompt(module.tokenizer, module.task.forward_messages(ex)) for ex in batch]
     module.policy.eval()
     with torch.no_grad():
-        after = module._policy_logp(prompts, step.groups)
+        after = policy_logp(module.policy, prompts, step.groups, module.settings.share_prefix)
     assert (-after.mean()).item() < step.parts["loss/pg"].item() - 1e-3
 
 
@@ -162,7 +169,7 @@ def test_rloo_step_unchanged_and_its_forward_passes_counted(tiny):
     """train.objective=rloo (the default): the same candidates and loss as before the objective
     existed (pinned from the code before it), and every model call of the step counted."""
     module = make_module(tiny, RLOO_STEP, trained=True)
-    assert module.cfg.train.objective == "rloo"
+    assert module.settings.amortised is None  # train.objective=rloo
     calls, tokens = module.decoder.forward_calls, module.decoder.forward_tokens
     step = module.step_loss(module.task.splits().train[:2])
     ids = [[g.token_ids for g in group] for group in step.rollouts.groups]

@@ -122,7 +122,15 @@ def test_added_trainer_arguments_reach_the_trainer(tmp_path):
     added = ["+trainer.precision=bf16-mixed", "+trainer.enable_progress_bar=false"]
     cfg = compose_config(["logger=none", "device=cpu", *added])
     validate(cfg)
-    trainer = build_trainer(cfg, tmp_path, BestDevAdapter(tmp_path, "f1"))
+    trainer = build_trainer(
+        cfg.trainer,
+        cfg.callbacks,
+        tmp_path,
+        [BestDevAdapter(tmp_path, "f1")],
+        device=cfg.device,
+        checkpoint_every=cfg.train.checkpoint_every_n_steps,
+        loggers=[],
+    )
     assert trainer.precision == "bf16-mixed"
     assert not any(isinstance(c, StepProgressBar) for c in trainer.callbacks)
 

@@ -189,7 +189,7 @@ def test_device_check_policy_in_half_precision_has_a_float32_head():
 def test_trainer_placement_on_cuda(device_spec, devices, expected):
     """train.py:trainer_placement: Lightning's accelerator and devices follow `device`."""
     cfg = compose_config(["model=tiny", f"device={device_spec}", f"trainer.devices={devices}"])
-    assert train.trainer_placement(cfg) == expected
+    assert train.trainer_placement(cfg.device, cfg.trainer.devices) == expected
 
 
 def test_plan_runtime_on_cuda(cuda_present):

@@ -23,6 +23,7 @@ from grammarrl.models.loading import add_lora, build_tiny
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.tasks import load_task
 from grammarrl.training.module import GrammarRLModule
+from grammarrl.training.settings import StepSettings
 from tests.conftest import compose_config
 from tests.support.decoding import JSON_GRAMMAR, MESSAGES
 from tests.support.devices import DEVICES
@@ -155,7 +156,8 @@ def one_step(setup, device: str) -> tuple[object, dict[str, torch.Tensor]]:
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))
-    module = GrammarRLModule(cfg, policy.to(device), tokenizer, task, 1.0, 1.0)
+    settings = StepSettings.from_config(cfg, 1.0, 1.0)
+    module = GrammarRLModule(policy.to(device), tokenizer, task, settings)
     module.setup("fit")
     optimizer = module.configure_optimizers()
     step = module.step_loss(task.splits().train[:1])

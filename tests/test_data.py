@@ -209,7 +209,7 @@ def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split():
     followed by the rest of the dev pool, up to train.val_size (default 200)."""
     from grammarrl.data.sources import SkipLog
     from grammarrl.data.splits import make_splits
-    from grammarrl.training.datamodule import GrammarRLDataModule
+    from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
 
     def pool(kind: str, n: int) -> list[Example]:
         return [Example(f"{kind}:{i}", f"{kind} text {i}", "t") for i in range(n)]
@@ -235,11 +235,12 @@ def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split():
         def splits(self):
             return splits
 
-    module = GrammarRLDataModule(cfg, Toy())
+    module = GrammarRLDataModule(Toy(), DataSettings.from_config(cfg))
     module.setup()
     assert module.val_names == ("train", "dev") and module.val[0] == splits.train[:200]
     assert module.val[1][:24] == splits.dev and len(module.val[1]) == 200
-    dev_only = GrammarRLDataModule(compose_config(["train.val_train_slice=false"]), Toy())
+    dev_only_cfg = compose_config(["train.val_train_slice=false"])
+    dev_only = GrammarRLDataModule(Toy(), DataSettings.from_config(dev_only_cfg))
     dev_only.setup()
     assert dev_only.val_names == ("dev",) and dev_only.val == (module.val[1],)
 

@@ -13,6 +13,7 @@ from grammarrl.models.loading import add_lora
 from grammarrl.rl.rloo import rloo_advantages
 from grammarrl.tasks import load_task
 from grammarrl.training.module import GrammarRLModule
+from grammarrl.training.settings import StepSettings
 from tests.conftest import compose_config
 
 STEP = [
@@ -40,7 +41,7 @@ def make_module(tiny, overrides: list[str], trained: bool) -> tuple[GrammarRLMod
                 if "lora_B" in name:
                     param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
     task = load_task(cfg)
-    module = GrammarRLModule(cfg, policy, tiny[1], task, sigma_direct=1.0, sigma_reverse=1.0)
+    module = GrammarRLModule(policy, tiny[1], task, StepSettings.from_config(cfg, 1.0, 1.0))
     module.setup("fit")
     return module, task.splits().train[:2]
 
@@ -143,7 +144,7 @@ def test_kl_penalty_grammar_measures_the_constrained_policy_against_the_referenc
     """kl_penalty=grammar: advantages are RLOO of r − β·(log q_θ − log π_ref), q_θ the
     grammar-constrained policy (its log-prob: the teacher-forced log π_θ less the log mass on
     the allowed tokens); not kl_penalty=reward's unconstrained log π_θ; no β term in the loss."""
-    from grammarrl.training.module import summed_per_candidate
+    from grammarrl.training.policy import summed_per_candidate
 
     module, batch = make_module(tiny, ["beta=0.5", "kl_penalty=grammar"], trained=True)
     step = module.step_loss(batch)
@@ -161,7 +162,7 @@ def test_log_valid_mass_of_a_forced_output_is_its_sequence_log_prob(tiny):
     """A grammar with one output: every step allows one token, so the policy's log mass on the
     allowed tokens, summed, is log pi_theta(y|x) as the teacher-forced policy pass computes it."""
     from grammarrl.decoding import ConstrainedDecoder
-    from grammarrl.training.module import summed_per_candidate
+    from grammarrl.training.policy import summed_per_candidate
 
     module, batch = make_module(tiny, [], trained=True)
     module.decoder = ConstrainedDecoder(module.policy, tiny[1], 'start: "1"', max_new_tokens=4)
@@ -176,7 +177,7 @@ def test_identical_groups_and_the_no_signal_warning():
     steps where every group is like that are reported once each, with their step range."""
     from types import SimpleNamespace
 
-    from grammarrl.training.module import SignalWatch, identical_groups
+    from grammarrl.training.rloo_metrics import SignalWatch, identical_groups
 
     def gen(*ids):
         return SimpleNamespace(token_ids=list(ids))

@@ -27,13 +27,15 @@ import pytest
 import torch
 
 import grammarrl.training.module
+import grammarrl.training.rloo_step
 from grammarrl.data.sources import SAMPLES_DIR
 from grammarrl.errors import ConfigError, DataError, GrammarRLError, ModelError
 from grammarrl.runs.atomic import AtomicWriteError, write_json
 from grammarrl.runs.results import config_dict, write_results
 from grammarrl.tasks import load_task
 from grammarrl.training.module import NonFiniteLossError
-from grammarrl.training.train import AtomicCheckpointIO, resolve_resume, run_train
+from grammarrl.training.resume import resolve_resume
+from grammarrl.training.train import AtomicCheckpointIO, run_train
 from tests.conftest import compose_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +57,11 @@ TINY_TRAIN = [
     "eval.test_size=2",
     "data.limit_train=4",
 ]
+
+
+def resume_of(cfg, out: Path):
+    """`resolve_resume` of a run directory under this config, as `run_train` calls it."""
+    return resolve_resume(out, cfg.train.resume, cfg.trainer.max_steps, config_dict(cfg))
 
 
 def clean_env() -> dict[str, str]:
@@ -616,14 +623,14 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
         },
         ckpt,
     )
-    assert resolve_resume(cfg, tmp_path / "run").path == ckpt
+    assert resume_of(cfg, tmp_path / "run").path == ckpt
     (ckpt.parent / ".last.ckpt.abc.tmp").write_bytes(b"half")  # a write cut by a kill
     data = ckpt.read_bytes()
     ckpt.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelError, match=r"last.ckpt is corrupt or truncated .*delete it"):
-        resolve_resume(cfg, tmp_path / "run")
+        resume_of(cfg, tmp_path / "run")
     assert (ckpt.parent / ".last.ckpt.abc.tmp").exists()  # a check deletes nothing
-    assert resolve_resume(compose_config(["train.resume=null"]), tmp_path / "run") is None
+    assert resume_of(compose_config(["train.resume=null"]), tmp_path / "run") is None
 
 
 def test_a_checkpoint_recorded_before_the_diagnose_keys_resumes(tmp_path):
@@ -640,7 +647,7 @@ def test_a_checkpoint_recorded_before_the_diagnose_keys_resumes(tmp_path):
         {"global_step": 3, "state_dict": {}, RUN_RECORD: {"config": config, "sigmas": [1, 1]}},
         ckpt,
     )
-    resumed = resolve_resume(cfg, tmp_path / "run")
+    resumed = resume_of(cfg, tmp_path / "run")
     assert (resumed.path, resumed.step, resumed.changes) == (ckpt, 3, "")
 
 
@@ -661,23 +668,23 @@ def test_an_explicit_resume_is_where_a_run_starts_then_its_own_checkpoint_wins(t
     start = checkpoint(tmp_path / "shorter" / "checkpoints" / "last.ckpt", 4)
     cfg = compose_config(["trainer.max_steps=10", f"train.resume={start}"])
     run = tmp_path / "longer"
-    assert resolve_resume(cfg, run).step == 4  # a fresh directory starts from PATH
+    assert resume_of(cfg, run).step == 4  # a fresh directory starts from PATH
     own = checkpoint(run / "checkpoints" / "last.ckpt", 7)
     with caplog.at_level(logging.INFO):
-        resumed = resolve_resume(cfg, run)
+        resumed = resume_of(cfg, run)
     assert (resumed.path, resumed.step) == (own, 7)
     assert "this run has its own checkpoint" in caplog.text
 
 
 def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real_loss, calls = grammarrl.training.module.grammarrl_loss, []
+    real_loss, calls = grammarrl.training.rloo_step.grammarrl_loss, []
 
     def loss_nan_at_third_step(*args, **kwargs):
         loss, parts = real_loss(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan") if len(calls) == 3 else loss), parts
 
-    monkeypatch.setattr(grammarrl.training.module, "grammarrl_loss", loss_nan_at_third_step)
+    monkeypatch.setattr(grammarrl.training.rloo_step, "grammarrl_loss", loss_nan_at_third_step)
     out, err = train_in(tmp_path, ["trainer.max_steps=4"])
     assert isinstance(err, NonFiniteLossError), err
     message = str(err)
@@ -778,6 +785,7 @@ def test_a_job_is_validated_once_and_finds_its_checkpoint_once_changing_nothing(
     from hydra.core.hydra_config import HydraConfig
 
     import grammarrl.job
+    import grammarrl.training.resume
     import grammarrl.training.train
     from grammarrl.job import compose_job_config
     from grammarrl.training.callbacks import RUN_RECORD
@@ -806,10 +814,10 @@ def test_a_job_is_validated_once_and_finds_its_checkpoint_once_changing_nothing(
         calls["run_train"].append({**kwargs, "cut write kept": cut.exists()})
         return {}
 
-    real_validate, real_resolve = grammarrl.job.validate, grammarrl.training.train.resolve_resume
+    real_validate, real_resolve = grammarrl.job.validate, grammarrl.training.resume.resolve_resume
     monkeypatch.setattr(grammarrl.job, "validate", counted("validate", real_validate))
     monkeypatch.setattr(
-        grammarrl.training.train, "resolve_resume", counted("resolve_resume", real_resolve)
+        grammarrl.training.resume, "resolve_resume", counted("resolve_resume", real_resolve)
     )
     monkeypatch.setattr(grammarrl.training.train, "run_train", run_train)
     logging_off = ["hydra/job_logging=none", "hydra/hydra_logging=none"]

@@ -213,10 +213,10 @@ def test_the_training_seed_is_its_own():
     """`train.seed` follows `seed` unless set; set alone, it reorders training's inputs (and
     reseeds LoRA init and rollouts) while `seed` still draws the same test sets."""
     from grammarrl.tasks import load_task
-    from grammarrl.training.datamodule import GrammarRLDataModule
+    from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
 
     def training_order(cfg) -> list[list[str]]:
-        data = GrammarRLDataModule(cfg, load_task(cfg))
+        data = GrammarRLDataModule(load_task(cfg), DataSettings.from_config(cfg))
         data.setup()
         return [[ex.uid for ex in batch] for batch in data.train_dataloader()]
 

@@ -32,7 +32,7 @@ from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
 from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, lift_interval
 from grammarrl.diagnosis.verdict import Verdict, make_verdict, recommend_lambda
-from grammarrl.rl.calibration import calibration_file, run_sigmas
+from grammarrl.rl.calibration import CalibrationSettings, run_sigmas
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.runs.results import config_dict, dtype_name
 from grammarrl.runs.rundir import run_dir
@@ -175,9 +175,10 @@ def _load(cfg: DictConfig) -> tuple[Task, torch.nn.Module, Any]:
 
 def _sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Task) -> Sigmas:
     """The σ's as training resolves them, and where they came from (no path of this machine)."""
-    direct, reverse, source = run_sigmas(cfg, model, tokenizer, task)
+    calibration = CalibrationSettings.from_config(cfg)
+    direct, reverse, source = run_sigmas(calibration, model, tokenizer, task)
     log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", direct, reverse, source)
-    if source == str(calibration_file(cfg)):
+    if source == str(calibration.file):
         source = "the calibration file, reward.calibration_file"
     return Sigmas(direct, reverse, source)
 

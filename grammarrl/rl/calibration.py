@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from filelock import FileLock
@@ -25,21 +26,58 @@ from tqdm import tqdm
 from grammarrl.config.checks import rollout_key
 from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.models.loading import resolve_device, resolve_dtype
+from grammarrl.rl.settings import RolloutSettings
 from grammarrl.runs.atomic import write_json
 from grammarrl.runs.results import config_dict
 from grammarrl.runs.rundir import hydra_run_dir, run_dir
 
+if TYPE_CHECKING:
+    from grammarrl.rl.rollout import RolloutBatch
+
 log = logging.getLogger(__name__)
 
 
-def calibration_file(cfg: DictConfig) -> Path:
-    """Where calibrated σ's live (one JSON for all keys)."""
-    return Path(cfg.reward.calibration_file)
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What looking up, measuring and storing a run's σ's reads from its config (`from_config`)."""
+
+    key: str  # task/model/nN_bB (`calibration_key`)
+    file: Path  # reward.calibration_file: the σ's of every key
+    conditions: dict[str, Any]  # `calibration_conditions`: an entry is reused under these only
+    given: tuple[float | None, float | None]  # reward.sigma_direct, reward.sigma_reverse
+    paper: tuple[float, float] | None  # the task's σ table entry for (model, N, B)
+    dev_size: int  # task.dev_size: dev inputs measured
+    batch_size: int  # optim.batch_size: inputs rolled out together
+    seed: int  # reward.calibration_seed: the sampling stream
+    rollout: RolloutSettings
+    max_new_tokens: int
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> CalibrationSettings:
+        """The settings of a composed config."""
+        rollout = RolloutSettings.from_config(cfg.rollout)
+        paper = cfg.task.sigmas.get(cfg.model.name, {}).get(
+            rollout_key(rollout.num_samples, rollout.beam_width)
+        )
+        return cls(
+            key=calibration_key(
+                cfg.task.name, cfg.model.name, rollout.num_samples, rollout.beam_width
+            ),
+            file=Path(cfg.reward.calibration_file),
+            conditions=calibration_conditions(cfg),
+            given=(cfg.reward.sigma_direct, cfg.reward.sigma_reverse),
+            paper=None if paper is None else (float(paper[0]), float(paper[1])),
+            dev_size=cfg.task.dev_size,
+            batch_size=cfg.optim.batch_size,
+            seed=cfg.reward.calibration_seed,
+            rollout=rollout,
+            max_new_tokens=cfg.task.max_new_tokens,
+        )
 
 
-def calibration_key(cfg: DictConfig) -> str:
+def calibration_key(task: str, model: str, num_samples: int, beam_width: int) -> str:
     """The key of a run's σ's: task/model/nN_bB."""
-    return f"{cfg.task.name}/{cfg.model.name}/{rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width)}"
+    return f"{task}/{model}/{rollout_key(num_samples, beam_width)}"
 
 
 def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
@@ -94,13 +132,12 @@ def read_table(path: Path) -> dict[str, Any]:
     return table
 
 
-def check_calibration_file(cfg: DictConfig) -> None:
+def check_calibration_file(settings: CalibrationSettings, mode: str) -> None:
     """Pre-flight: a job that will read the calibration file (mode=calibrate, or train and
     diagnose without both `reward.sigma_*`) finds it readable before any model loads."""
-    unset = None in (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
-    wanted = cfg.mode in ("train", "diagnose") and unset
-    if wanted or cfg.mode == "calibrate":
-        read_table(calibration_file(cfg))
+    wanted = mode in ("train", "diagnose") and None in settings.given
+    if wanted or mode == "calibrate":
+        read_table(settings.file)
 
 
 def entries(table: dict[str, Any], key: str) -> list[dict[str, Any]]:
@@ -119,36 +156,36 @@ def differences(entry: dict[str, Any], conditions: dict[str, Any]) -> list[str]:
     ]
 
 
-def store_sigmas(cfg: DictConfig, entry: dict[str, Any]) -> Path:
+def store_sigmas(settings: CalibrationSettings, entry: dict[str, Any]) -> Path:
     """Add one calibration entry under the run's key, replacing the one measured under the same
     conditions (atomically; the other entries and keys are kept)."""
-    path, key = calibration_file(cfg), calibration_key(cfg)
+    path, key = settings.file, settings.key
     path.parent.mkdir(parents=True, exist_ok=True)
     # Parallel sweep jobs share one file: read-modify-write under a lock, so none is lost.
     with FileLock(str(path) + ".lock"):
         table = read_table(path)
-        conditions = calibration_conditions(cfg)
-        kept = [e for e in entries(table, key) if differences(e, conditions)]
+        kept = [e for e in entries(table, key) if differences(e, settings.conditions)]
         table[key] = [*kept, entry]
         return write_json(path, dict(sorted(table.items())))
 
 
-def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
+def lookup_sigmas(settings: CalibrationSettings) -> tuple[float, float, str] | None:
     """(σ_direct, σ_reverse, where they came from), or None when calibration is needed."""
-    if cfg.reward.sigma_direct is not None and cfg.reward.sigma_reverse is not None:
-        return float(cfg.reward.sigma_direct), float(cfg.reward.sigma_reverse), "config"
-    conditions = calibration_conditions(cfg)
-    stored = entries(read_table(calibration_file(cfg)), calibration_key(cfg))
+    direct, reverse = settings.given
+    if direct is not None and reverse is not None:
+        return float(direct), float(reverse), "config"
+    conditions, key, path = settings.conditions, settings.key, settings.file
+    stored = entries(read_table(path), key)
     for entry in stored:
         if not differences(entry, conditions):
             found = entry.get("sigma_direct"), entry.get("sigma_reverse")
             if all(isinstance(s, (int, float)) and s > 0 for s in found):  # not null, NaN or 0
-                return *found, str(calibration_file(cfg))
+                return *found, str(path)
             log.warning(
                 "not reusing σ_direct=%s σ_reverse=%s of %s in %s: not usable; calibrating again",
                 *found,
-                calibration_key(cfg),
-                calibration_file(cfg),
+                key,
+                path,
             )
             return None
     if stored:
@@ -156,15 +193,12 @@ def lookup_sigmas(cfg: DictConfig) -> tuple[float, float, str] | None:
         log.warning(
             "not reusing the %d calibrated entries of %s in %s: the closest was measured with %s",
             len(stored),
-            calibration_key(cfg),
-            calibration_file(cfg),
+            key,
+            path,
             ", ".join(closest),
         )
-    paper = cfg.task.sigmas.get(cfg.model.name, {}).get(
-        rollout_key(cfg.rollout.num_samples, cfg.rollout.beam_width)
-    )
-    if paper is not None:
-        return float(paper[0]), float(paper[1]), "paper table"
+    if settings.paper is not None:
+        return *settings.paper, "paper table"
     return None
 
 
@@ -190,61 +224,72 @@ class CalibrationError(GrammarRLError):
     """The dev rollouts give no usable σ (0 or NaN): nothing is stored."""
 
 
-def measured_sigma(cfg: DictConfig, term: str, stds: torch.Tensor) -> tuple[float, float]:
+def measured_sigma(
+    settings: CalibrationSettings, term: str, stds: torch.Tensor
+) -> tuple[float, float]:
     """(σ, its standard error over the groups) of one reward term from its `group_stds`; a
     CalibrationError saying why and what to do when σ is 0 or NaN (no group had spread)."""
     sigma = stds.mean().item() if len(stds) else math.nan
     if not sigma > 0:  # 0, or NaN
         raise CalibrationError(
-            f"calibrating {calibration_key(cfg)}: σ_{term} would be {sigma:g}: "
+            f"calibrating {settings.key}: σ_{term} would be {sigma:g}: "
             f"{int((stds > 0).sum())} of {len(stds)} dev rollout groups with two valid "
             f"candidates had different {term} rewards, so there is no spread to scale the "
-            f"reward by (nothing stored in {calibration_file(cfg)}); use more dev inputs "
+            f"reward by (nothing stored in {settings.file}); use more dev inputs "
             f"(task.dev_size, task.dev), a higher rollout.temperature "
-            f"(now {cfg.rollout.temperature}), or set reward.sigma_{term}"
+            f"(now {settings.rollout.temperature}), or set reward.sigma_{term}"
         )
     stderr = (stds.std() / math.sqrt(len(stds))).item() if len(stds) > 1 else math.inf
     return sigma, stderr
 
 
 def dev_rollouts(
-    cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any, dev: list, desc: str
-) -> list[Any]:
+    settings: CalibrationSettings,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Any,
+    dev: list,
+    desc: str,
+) -> list[RolloutBatch]:
     """The rollout groups calibration measures: `model`'s N samples + beam top-1 per dev input
-    (`cfg.rollout`), scored by `model` as the reference, in batches of `optim.batch_size` from a
-    generator seeded with `reward.calibration_seed`, without gradient; one `RolloutBatch` per batch."""
+    (`settings.rollout`), scored by `model` as the reference, in batches of `settings.batch_size`
+    from a generator seeded with `settings.seed`, without gradient; one `RolloutBatch` per batch."""
     from grammarrl.decoding import ConstrainedDecoder
     from grammarrl.rl.rewards import ReferenceScorer
     from grammarrl.rl.rollout import collect_rollouts
 
-    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), settings.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
-    generator = torch.Generator().manual_seed(cfg.reward.calibration_seed)
-    size = cfg.optim.batch_size
+    generator = torch.Generator().manual_seed(settings.seed)
+    size, rollout = settings.batch_size, settings.rollout
     with torch.no_grad():
         return [
             collect_rollouts(
-                decoder, scorer, tokenizer, task, dev[i : i + size], cfg.rollout, generator
+                decoder, scorer, tokenizer, task, dev[i : i + size], rollout, generator
             )
             for i in tqdm(range(0, len(dev), size), desc=desc)
         ]
 
 
-def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any) -> dict[str, Any]:
+def calibrate(
+    settings: CalibrationSettings, model: torch.nn.Module, tokenizer: Any, task: Any
+) -> dict[str, Any]:
     """Roll out the frozen model on the dev inputs with the run's (N, B) and measure the σ's."""
-    dev = task.splits().dev[: cfg.task.dev_size]
+    dev = task.splits().dev[: settings.dev_size]
     short = (
-        f" (task.dev_size={cfg.task.dev_size}; the dev split holds {len(dev)})"
-        if len(dev) < cfg.task.dev_size
+        f" (task.dev_size={settings.dev_size}; the dev split holds {len(dev)})"
+        if len(dev) < settings.dev_size
         else ""
     )
-    log.info("calibrating %s on %d dev inputs%s", calibration_key(cfg), len(dev), short)
-    batches = dev_rollouts(cfg, model, tokenizer, task, dev, f"calibrate {calibration_key(cfg)}")
+    log.info("calibrating %s on %d dev inputs%s", settings.key, len(dev), short)
+    batches = dev_rollouts(settings, model, tokenizer, task, dev, f"calibrate {settings.key}")
     direct_t = torch.cat([b.direct for b in batches])
     reverse_t = torch.cat([b.reverse for b in batches])
     valid_t = torch.cat([b.valid for b in batches])
-    sigma_direct, stderr_direct = measured_sigma(cfg, "direct", group_stds(direct_t, valid_t))
-    sigma_reverse, stderr_reverse = measured_sigma(cfg, "reverse", group_stds(reverse_t, valid_t))
+    sigma_direct, stderr_direct = measured_sigma(settings, "direct", group_stds(direct_t, valid_t))
+    sigma_reverse, stderr_reverse = measured_sigma(
+        settings, "reverse", group_stds(reverse_t, valid_t)
+    )
     report_uncertainty(
         {"direct": (sigma_direct, stderr_direct), "reverse": (sigma_reverse, stderr_reverse)},
         len(dev),
@@ -259,21 +304,21 @@ def calibrate(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
         "mean_direct": direct_t[valid_t].mean().item(),
         "mean_reverse": reverse_t[valid_t].mean().item(),
         "measured_in": str(measured_in) if measured_in is not None else None,
-        **calibration_conditions(cfg),
+        **settings.conditions,
     }
 
 
 def run_sigmas(
-    cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any
+    settings: CalibrationSettings, model: torch.nn.Module, tokenizer: Any, task: Any
 ) -> tuple[float, float, str]:
     """(σ_direct, σ_reverse, where they came from) as a training run with this config would use
     them: from config, calibration file or paper table (`lookup_sigmas`); otherwise calibrated
     now on the dev inputs and stored."""
-    found = lookup_sigmas(cfg)
+    found = lookup_sigmas(settings)
     if found is None:
-        log.info("No σ's for %s under this run's settings: calibrating first", calibration_key(cfg))
-        entry = calibrate(cfg, model, tokenizer, task)
-        store_sigmas(cfg, entry)
+        log.info("No σ's for %s under this run's settings: calibrating first", settings.key)
+        entry = calibrate(settings, model, tokenizer, task)
+        store_sigmas(settings, entry)
         found = entry["sigma_direct"], entry["sigma_reverse"], "calibrated now"
     return found
 
@@ -300,17 +345,18 @@ def run_calibrate(cfg: DictConfig) -> dict[str, Any]:
     from grammarrl.models.loading import load_model
     from grammarrl.tasks import load_task
 
+    settings = CalibrationSettings.from_config(cfg)
     task = load_task(cfg)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    entry = calibrate(cfg, model, tokenizer, task)
-    path = store_sigmas(cfg, entry)
-    write_json(run_dir(cfg) / "calibration.json", {calibration_key(cfg): entry})
+    entry = calibrate(settings, model, tokenizer, task)
+    path = store_sigmas(settings, entry)
+    write_json(run_dir(cfg) / "calibration.json", {settings.key: entry})
     log.info(
         "σ_direct=%.4f σ_reverse=%.4f -> %s [%s]",
         entry["sigma_direct"],
         entry["sigma_reverse"],
         path,
-        calibration_key(cfg),
+        settings.key,
     )
-    print(json.dumps({"key": calibration_key(cfg), **entry}))
+    print(json.dumps({"key": settings.key, **entry}))
     return entry

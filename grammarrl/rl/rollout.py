@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.models.chat import encode_prompt
 from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.rl.settings import RolloutSettings
 from grammarrl.runs.timing import clock
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
@@ -36,7 +36,7 @@ def collect_rollouts(
     tokenizer: Any,
     task: Task,
     examples: list[Example],
-    rollout: DictConfig,
+    rollout: RolloutSettings,
     generator: torch.Generator | None = None,
 ) -> RolloutBatch:
     """Generate the group of N samples + beam top-1 for each input and score it with pi_ref.

@@ -9,10 +9,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
 
 from grammarrl.runs.atomic import write_json
-from grammarrl.runs.results import config_dict
 from grammarrl.runs.timing import clock
 
 RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
@@ -70,19 +68,17 @@ class PhaseTimer(L.Callback):
 
 
 class RecordSettings(L.Callback):
-    """Store the run's resolved config and σ's in every checkpoint, so that a resume can be
-    checked against the settings the checkpoint was trained with."""
+    """Store the run's resolved config (`config_dict`) and σ's in every checkpoint, so that a
+    resume can be checked against the settings the checkpoint was trained with."""
 
-    def __init__(self, cfg: DictConfig):
-        self.config = config_dict(cfg)
+    def __init__(self, config: dict[str, Any], sigmas: tuple[float, float]):
+        self.config = config
+        self.sigmas = sigmas
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        checkpoint[RUN_RECORD] = {
-            "config": self.config,
-            "sigmas": [pl_module.sigma_direct, pl_module.sigma_reverse],
-        }
+        checkpoint[RUN_RECORD] = {"config": self.config, "sigmas": list(self.sigmas)}
 
 
 class LoggedStepIsGlobalStep(L.Callback):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -66,23 +67,49 @@ class StepBatchSampler(Sampler[list[int]]):
         return self.num_steps
 
 
+@dataclass(frozen=True)
+class DataSettings:
+    """How training batches and validation slices are drawn (`from_config`)."""
+
+    batch_size: int  # optim.batch_size: prompts per step and rank
+    max_steps: int  # trainer.max_steps: the sampler's length
+    seed: int  # train.seed: the order of the training inputs
+    val_size: int  # train.val_size: inputs per validation slice
+    val_batch_size: int  # eval.batch_size: validation inputs decoded together
+    val_train_slice: bool  # train.val_train_slice: validate on training inputs too
+    limit_train: int | None = None  # data.limit_train: cap on training inputs
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> DataSettings:
+        """The settings of a composed config."""
+        return cls(
+            batch_size=cfg.optim.batch_size,
+            max_steps=cfg.trainer.max_steps,
+            seed=cfg.train.seed,
+            val_size=cfg.train.val_size,
+            val_batch_size=cfg.eval.batch_size,
+            val_train_slice=cfg.train.val_train_slice,
+            limit_train=cfg.data.limit_train,
+        )
+
+
 class GrammarRLDataModule(L.LightningDataModule):
     """Training inputs (labels unused by training) and the validation slices: dev, and a train
     slice unless `train.val_train_slice=false` (`val_names`)."""
 
-    def __init__(self, cfg: DictConfig, task: Task):
+    def __init__(self, task: Task, settings: DataSettings):
         super().__init__()
-        self.cfg = cfg
+        self.settings = settings
         self.task = task
-        self.val_names = ("train", "dev") if cfg.train.val_train_slice else ("dev",)
+        self.val_names = ("train", "dev") if settings.val_train_slice else ("dev",)
 
     def setup(self, stage: str | None = None) -> None:
         splits = self.task.splits()
-        limit = self.cfg.data.limit_train
+        limit = self.settings.limit_train
         self.train = splits.train[:limit] if limit else splits.train
         if not self.train:
             raise DataError(f"task {self.task.name}: the training split is empty")
-        size = self.cfg.train.val_size
+        size = self.settings.val_size
         dev = (splits.dev + splits.dev_reserve)[:size]
         if len(dev) < size:
             log.warning(
@@ -92,7 +119,7 @@ class GrammarRLDataModule(L.LightningDataModule):
                 size,
                 len(dev),
             )
-        self.val = (self.train[:size], dev) if self.cfg.train.val_train_slice else (dev,)
+        self.val = (self.train[:size], dev) if self.settings.val_train_slice else (dev,)
 
     def transfer_batch_to_device(self, batch: list[Example], device, dataloader_idx: int):
         return batch  # text examples: tokenised and moved by the decoder and scorer
@@ -101,9 +128,9 @@ class GrammarRLDataModule(L.LightningDataModule):
         trainer = self.trainer
         sampler = StepBatchSampler(
             len(self.train),
-            self.cfg.optim.batch_size,
-            self.cfg.train.seed,
-            self.cfg.trainer.max_steps,
+            self.settings.batch_size,
+            self.settings.seed,
+            self.settings.max_steps,
             start=trainer.global_step if trainer is not None else 0,  # restored when resuming
             rank=trainer.global_rank if trainer is not None else 0,
             world_size=trainer.world_size if trainer is not None else 1,
@@ -113,7 +140,7 @@ class GrammarRLDataModule(L.LightningDataModule):
             self.train,
             batch_sampler=sampler,
             collate_fn=_as_list,
-            generator=torch.Generator().manual_seed(self.cfg.train.seed),
+            generator=torch.Generator().manual_seed(self.settings.seed),
         )
 
     def val_dataloader(self) -> list[DataLoader]:
@@ -122,9 +149,9 @@ class GrammarRLDataModule(L.LightningDataModule):
         return [
             DataLoader(
                 v,
-                batch_size=self.cfg.eval.batch_size,
+                batch_size=self.settings.val_batch_size,
                 collate_fn=_as_list,
-                generator=torch.Generator().manual_seed(self.cfg.train.seed),
+                generator=torch.Generator().manual_seed(self.settings.seed),
             )
             for v in self.val
         ]

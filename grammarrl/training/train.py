@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import csv
 import inspect
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,41 +12,38 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from omegaconf import DictConfig
 
-from grammarrl.config.checks import device_type, resume_setting
-from grammarrl.errors import ConfigError, GrammarRLError, ModelError
+from grammarrl.config.checks import device_type
+from grammarrl.errors import GrammarRLError
 from grammarrl.evaluation.summary import write_summary
 from grammarrl.evaluation.test_sets import test_examples
 from grammarrl.models.loading import add_lora, load_adapter, load_model
-from grammarrl.rl.calibration import run_sigmas
+from grammarrl.rl.calibration import CalibrationSettings, run_sigmas
 from grammarrl.runs.atomic import AtomicWriteError, atomic_write, write_jsonl
 from grammarrl.runs.progress import StepProgressBar
 from grammarrl.runs.results import config_dict
-from grammarrl.runs.rundir import (
-    BOOKKEEPING,
-    CONTINUABLE,
-    MODE_UNUSED,
-    current_names,
-    describe,
-    differing_keys,
-    run_dir,
-)
+from grammarrl.runs.rundir import run_dir
 from grammarrl.runs.tracking import current_run, table_cell
 from grammarrl.training.callbacks import (
-    RUN_RECORD,
     BestDevAdapter,
     LoggedStepIsGlobalStep,
     PhaseTimer,
     RecordSettings,
 )
-from grammarrl.training.datamodule import GrammarRLDataModule
+from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
 from grammarrl.training.module import GrammarRLModule
+from grammarrl.training.resume import Resume, merge_metrics, prepare_run_dir, resolve_resume
+from grammarrl.training.settings import StepSettings
 from grammarrl.training.trained_eval import evaluate_trained
 
 log = logging.getLogger(__name__)
 
 
 def resolve_sigmas(
-    cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Any, resume: Resume | None = None
+    calibration: CalibrationSettings,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Any,
+    resume: Resume | None = None,
 ) -> tuple[float, float]:
     """The σ's a resumed checkpoint was trained with (under this run's config: `resolve_resume`
     checked it); else from config, calibration file or paper table; otherwise calibrate now
@@ -56,21 +51,22 @@ def resolve_sigmas(
     if resume is not None:
         found = (*resume.sigmas, f"the checkpoint {resume.path}")
     else:
-        found = run_sigmas(cfg, model, tokenizer, task)
+        found = run_sigmas(calibration, model, tokenizer, task)
     sigma_direct, sigma_reverse, source = found
     log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", sigma_direct, sigma_reverse, source)
     return sigma_direct, sigma_reverse
 
 
-def build_loggers(cfg: DictConfig, out: Path) -> list:
-    """CSV metrics in the run directory, plus the job's W&B run (`grammarrl.runs.tracking`)."""
+def build_loggers(out: Path, logger: str) -> list:
+    """CSV metrics in the run directory, plus the job's W&B run (`grammarrl.runs.tracking`);
+    `logger`: the config's `logger.name`."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
     loggers: list = [CSVLogger(save_dir=str(out), name="", version="metrics")]
     run = current_run()
     if run is not None:
         loggers.append(WandbLogger(experiment=run))
-    elif cfg.logger.name == "wandb":
+    elif logger == "wandb":
         log.warning(
             "logger=wandb, but no W&B run was started for this job (run_train called "
             "outside `python -m grammarrl.run`): metrics go to %s only",
@@ -98,141 +94,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             ) from err.__cause__
 
 
-@dataclass(frozen=True)
-class Resume:
-    """A checkpoint this run continues from."""
-
-    path: Path
-    step: int  # optimizer steps it holds
-    sigmas: tuple[float, float]  # the σ's it was trained with
-    changes: str = ""  # settings changed since that a resume allows (`CONTINUABLE`), logged
-
-
-def resolve_resume(cfg: DictConfig, out: Path) -> Resume | None:
-    """The checkpoint to resume from: `train.resume=auto` (default) takes `<run>/checkpoints/
-    last.ckpt` when it exists (a restarted run with the same run dir), null starts afresh, a
-    path must be a checkpoint: where the run starts, until it has written its own
-    `last.ckpt`, which a restart then continues from (the same command resumes it). It must
-    have been trained with this run's settings, except the `CONTINUABLE` ones (more steps,
-    evaluation): a ConfigError names those that differ. A corrupt or truncated checkpoint is a
-    ModelError."""
-    setting = resume_setting(cfg.train.resume)
-    if setting is None:
-        return None
-    own = out / "checkpoints" / "last.ckpt"
-    path = own if setting == "auto" or own.is_file() else Path(setting)
-    if setting != "auto" and path == own and own.resolve() != Path(setting).resolve():
-        log.info(
-            "train.resume=%s: this run has its own checkpoint %s; continuing from it", setting, own
-        )
-    if not path.is_file():
-        return None
-    ckpt = read_checkpoint(path)
-    step, record = int(ckpt["global_step"]), ckpt.get(RUN_RECORD)
-    if record is None:
-        raise ConfigError(
-            f"train.resume={cfg.train.resume}: {path} records no training settings "
-            "(written by an older GrammarRL), so the resume cannot be checked; "
-            "train.resume=null starts afresh"
-        )
-    old, new = current_names(record["config"]), config_dict(cfg)
-    unused = (*BOOKKEEPING, *MODE_UNUSED["train"])  # e.g. the diagnose group, added since
-    changed = differing_keys(old, new, ignore=(*unused, *CONTINUABLE))
-    if changed:
-        raise ConfigError(
-            f"train.resume={cfg.train.resume}: {path} was trained with other settings: "
-            f"{describe(old, new, changed)}; resume with the same settings, or "
-            "start afresh (train.resume=null, in a new directory)"
-        )
-    if cfg.trainer.max_steps < step:
-        raise ConfigError(
-            f"trainer.max_steps={cfg.trainer.max_steps} is below the {step} steps "
-            f"{path} already holds: resume with trainer.max_steps >= {step}"
-        )
-    changes = describe(old, new, differing_keys(old, new, ignore=unused))
-    return Resume(path, step, tuple(record["sigmas"]), changes)
-
-
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A training checkpoint (tensors memory-mapped); ModelError if it cannot be read as one."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as err:  # truncated zip, garbage, pickle errors: all mean "unreadable"
-        raise ModelError(
-            f"checkpoint {path} is corrupt or truncated ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200] if str(err) else ''}); delete it to start over, "
-            "or pass train.resume=null or another checkpoint"
-        ) from err
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
-        raise ModelError(
-            f"{path} is not a GrammarRL training checkpoint (no state_dict/global_step)"
-        )
-    return ckpt
-
-
-METRICS_KEPT = "metrics.resumed.csv"
-
-
-def _read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
-def _write_rows(path: Path, rows: list[dict[str, str]]) -> None:
-    keys = sorted({k for row in rows for k in row})
-
-    def write(handle) -> None:
-        writer = csv.DictWriter(handle, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-
-    atomic_write(path, write)
-
-
-def stash_metrics(out: Path, resume: Resume) -> None:
-    """Lightning's CSV logger deletes metrics.csv when it starts: on resume, keep the rows of
-    the steps already done in metrics/metrics.resumed.csv (merged back by `merge_metrics`). A
-    run started from another run's checkpoint (`train.resume=PATH`) starts with that run's rows,
-    so its curves begin at step 0."""
-    folder = out / "metrics"
-    current, kept = folder / "metrics.csv", folder / METRICS_KEPT
-    rows = _read_rows(kept) + _read_rows(current)
-    source = resume.path.parent.parent / "metrics"  # <run>/checkpoints/last.ckpt -> <run>/metrics
-    if not rows and source.resolve() != folder.resolve():
-        rows = _read_rows(source / METRICS_KEPT) + _read_rows(source / "metrics.csv")
-    rows = [
-        r for r in rows if r.get("step") not in (None, "") and int(float(r["step"])) < resume.step
-    ]
-    if rows:
-        folder.mkdir(parents=True, exist_ok=True)
-        _write_rows(kept, rows)
-    current.unlink(missing_ok=True)
-
-
-def merge_metrics(out: Path) -> None:
-    """After a resumed run: metrics.csv = rows kept from before the restart + the new rows."""
-    folder = out / "metrics"
-    kept = folder / METRICS_KEPT
-    if kept.is_file():
-        _write_rows(folder / "metrics.csv", _read_rows(kept) + _read_rows(folder / "metrics.csv"))
-        kept.unlink()
-
-
-def trainer_placement(cfg: DictConfig) -> tuple[str, Any]:
+def trainer_placement(device: str, devices: Any) -> tuple[str, Any]:
     """Lightning's (accelerator, devices): those of `device`, where the model was loaded
-    (`trainer.accelerator=auto` follows it; validation refuses a contradiction)."""
-    if device_type(cfg.device) == "cpu":
-        return "cpu", cfg.trainer.devices
-    index = str(cfg.device).partition(":")[2]
-    return "gpu", [int(index)] if index and cfg.trainer.devices == 1 else cfg.trainer.devices
+    (`trainer.accelerator=auto` follows it; validation refuses a contradiction), with
+    `devices` (`trainer.devices`) processes."""
+    if device_type(device) == "cpu":
+        return "cpu", devices
+    index = str(device).partition(":")[2]
+    return "gpu", [int(index)] if index and devices == 1 else devices
 
 
-def build_trainer(cfg: DictConfig, out: Path, best_dev: BestDevAdapter) -> L.Trainer:
-    """The Lightning Trainer of `cfg.trainer` (Hydra `_target_`), placed where the model is,
-    with the run's loggers, checkpoints (atomic writes), callbacks (the step progress bar unless
-    `trainer.enable_progress_bar=false`) and those of `callbacks`."""
+def build_trainer(
+    trainer: DictConfig,
+    callbacks: DictConfig,
+    out: Path,
+    run_callbacks: list[L.Callback],
+    *,
+    device: str,
+    checkpoint_every: int,
+    loggers: list,
+) -> L.Trainer:
+    """The Lightning Trainer of the `trainer` group (Hydra `_target_`), placed on `device`
+    (where the model is), with `loggers`, checkpoints every `checkpoint_every` steps (atomic
+    writes), `run_callbacks` (the run's: best-dev adapter, settings record), timing, the step
+    progress bar unless `trainer.enable_progress_bar=false`, and those of the `callbacks`
+    group."""
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -240,20 +126,19 @@ def build_trainer(cfg: DictConfig, out: Path, best_dev: BestDevAdapter) -> L.Tra
         dirpath=out / "checkpoints",
         save_last=True,
         save_top_k=0,
-        every_n_train_steps=cfg.train.checkpoint_every_n_steps,
+        every_n_train_steps=checkpoint_every,
     )
-    accelerator, devices = trainer_placement(cfg)
-    extra = [instantiate(spec) for spec in cfg.callbacks.values()]
-    bar = [StepProgressBar()] if cfg.trainer.get("enable_progress_bar") is not False else []
-    trainer = instantiate(cfg.trainer, _partial_=True)  # the run's objects added as they are
-    return trainer(
+    accelerator, devices = trainer_placement(device, trainer.devices)
+    extra = [instantiate(spec) for spec in callbacks.values()]
+    bar = [StepProgressBar()] if trainer.get("enable_progress_bar") is not False else []
+    build = instantiate(trainer, _partial_=True)  # the run's objects added as they are
+    return build(
         accelerator=accelerator,
         devices=devices,
-        logger=build_loggers(cfg, out),
+        logger=loggers,
         callbacks=[
             checkpoint,
-            best_dev,
-            RecordSettings(cfg),
+            *run_callbacks,
             LoggedStepIsGlobalStep(),
             PhaseTimer(),
             *bar,
@@ -271,44 +156,34 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
 
     L.seed_everything(cfg.train.seed, workers=True)
     out = run_dir(cfg)
-    for cut in (out / "checkpoints").glob(".*.tmp"):  # a checkpoint write cut by a kill
-        cut.unlink(missing_ok=True)
     if resume == "find":
-        resume = resolve_resume(cfg, out)
-    if resume is not None:
-        log.info(
-            "Resuming from %s (%d steps done)%s",
-            resume.path,
-            resume.step,
-            f"; changed since: {resume.changes}" if resume.changes else "",
-        )
-        stash_metrics(out, resume)
+        resume = resolve_resume(out, cfg.train.resume, cfg.trainer.max_steps, config_dict(cfg))
+    prepare_run_dir(out, resume)
     task = load_task(cfg)
     test_examples(cfg, task)  # an empty test pool fails now, not after hours of training
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    sigma_direct, sigma_reverse = resolve_sigmas(cfg, model, tokenizer, task, resume)
+    sigmas = resolve_sigmas(CalibrationSettings.from_config(cfg), model, tokenizer, task, resume)
     init = cfg.train.init_adapter
     policy = (
         add_lora(model, cfg.lora)
         if init is None
         else load_adapter(model, init, trainable=True, key="train.init_adapter")
     )
-    module = GrammarRLModule(cfg, policy, tokenizer, task, sigma_direct, sigma_reverse)
+    module = GrammarRLModule(policy, tokenizer, task, StepSettings.from_config(cfg, *sigmas))
     best_dev = BestDevAdapter(out, task.metric_name)
-    trainer = build_trainer(cfg, out, best_dev)
-    datamodule = GrammarRLDataModule(cfg, task)
-    if resume is None and cfg.train.val_at_start:
-        trainer.validate(module, datamodule=datamodule, verbose=False)  # the curves' step 0
-    # Our checkpoints hold RNG and sampler states besides tensors: load them in full.
-    resume_args = (
-        {"ckpt_path": str(resume.path), "weights_only": False} if resume is not None else {}
+    record = RecordSettings(config_dict(cfg), sigmas)  # the config with a custom task's spec merged
+    trainer = build_trainer(
+        cfg.trainer,
+        cfg.callbacks,
+        out,
+        [best_dev, record],
+        device=cfg.device,
+        checkpoint_every=cfg.train.checkpoint_every_n_steps,
+        loggers=build_loggers(out, cfg.logger.name),
     )
-    if "weights_only" not in inspect.signature(trainer.fit).parameters:  # Lightning < 2.5
-        resume_args.pop("weights_only", None)
-    trainer.fit(module, datamodule=datamodule, **resume_args)
-    # The final step, resumable. Not reached when fit raised (e.g. a non-finite loss), so
-    # last.ckpt then stays the last good periodic checkpoint.
-    trainer.save_checkpoint(out / "checkpoints" / "last.ckpt", weights_only=False)
+    datamodule = GrammarRLDataModule(task, DataSettings.from_config(cfg))
+    last = out / "checkpoints" / "last.ckpt"
+    fit(trainer, module, datamodule, resume, validate_first=cfg.train.val_at_start, last=last)
     if trainer.global_rank != 0:
         return {}
     merge_metrics(out)
@@ -321,12 +196,38 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
     results = evaluate_trained(
         cfg, policy, tokenizer, task, out, adapter, best, trainer.global_step
     )
-    summary = write_summary(out, task, results, cfg["lambda"], sigma_direct, sigma_reverse)
+    summary = write_summary(out, task, results, cfg["lambda"], *sigmas)
     if summary is None:  # no frozen evaluation to compare with: the short table
         _print_summary(results)
     else:
         print("\n" + summary["text"] + f"(written to {out / 'summary.md'} and summary.json)")
     return results
+
+
+def fit(
+    trainer: L.Trainer,
+    module: GrammarRLModule,
+    datamodule: GrammarRLDataModule,
+    resume: Resume | None,
+    *,
+    validate_first: bool,
+    last: Path,
+) -> None:
+    """Train (from `resume`'s checkpoint, in full), after a validation at step 0 when
+    `validate_first` (`train.val_at_start`) and the run starts afresh; then save the final
+    step in `last`."""
+    if resume is None and validate_first:
+        trainer.validate(module, datamodule=datamodule, verbose=False)  # the curves' step 0
+    # Our checkpoints hold RNG and sampler states besides tensors: load them in full.
+    resume_args = (
+        {"ckpt_path": str(resume.path), "weights_only": False} if resume is not None else {}
+    )
+    if "weights_only" not in inspect.signature(trainer.fit).parameters:  # Lightning < 2.5
+        resume_args.pop("weights_only", None)
+    trainer.fit(module, datamodule=datamodule, **resume_args)
+    # The final step, resumable. Not reached when fit raised (e.g. a non-finite loss), so
+    # last.ckpt then stays the last good periodic checkpoint.
+    trainer.save_checkpoint(last, weights_only=False)
 
 
 def _save_samples(trainer: L.Trainer, samples: list[dict[str, Any]], out: Path) -> None:

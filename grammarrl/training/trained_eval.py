@@ -42,11 +42,13 @@ def evaluate_trained(
     # re-run skips the job); a restart after a crash before it keeps what was written.
     results = evaluate_best_dev(cfg, policy, tokenizer, task, out, best_dev, final_step)
     if cfg.train.eval_beam:
-        results["beam"] = stored_result(cfg, out, "results_beam", adapter) or evaluate(
+        results["beam"] = stored_result(
+            out, "results_beam", adapter, cfg.skip_completed
+        ) or evaluate(
             cfg, policy, tokenizer, task, "beam", out, name="results_beam", adapter=adapter
         )
     if cfg.train.eval_baseline:
-        results["baseline"] = stored_result(cfg, out, "results_baseline", None)
+        results["baseline"] = stored_result(out, "results_baseline", None, cfg.skip_completed)
         if results["baseline"] is None:
             with reference_mode(policy):
                 results["baseline"] = evaluate(
@@ -82,7 +84,7 @@ def evaluate_best_dev(
         )
         return {}
     write_json(out / BEST_DEV_RECORD, best)
-    stored = stored_result(cfg, out, "results_best_dev", adapter)
+    stored = stored_result(out, "results_best_dev", adapter, cfg.skip_completed)
     if stored is not None:
         return {"best_dev": stored}
     policy.load_adapter(str(adapter), adapter_name="best_dev")
@@ -98,14 +100,14 @@ def evaluate_best_dev(
 
 
 def stored_result(
-    cfg: DictConfig, out: Path, name: str, adapter: Path | None
+    out: Path, name: str, adapter: Path | None, skip_completed: bool
 ) -> dict[str, Any] | None:
     """`<out>/<name>.json` when this run already wrote it with the same adapter (None: the
     frozen model) before it was interrupted, else None. The run directory's plan removed the
     results of other settings or fewer steps, so what is left came from these weights;
     `skip_completed=false` evaluates everything again."""
     path = out / f"{name}.json"
-    if not cfg.skip_completed:
+    if not skip_completed:
         return None
     try:
         stored = json.loads(path.read_text())
