@@ -112,7 +112,7 @@ def run_export(cfg: DictConfig) -> dict[str, Any]:
     out = export_dir(cfg)
     adapter = Path(cfg.eval.adapter)
     task = load_task(cfg)
-    policy, tokenizer = load_evaluated_model(cfg)
+    policy, tokenizer = load_evaluated_model(cfg.model, cfg.cache_dir, cfg.device, cfg.eval.adapter)
     merged = policy.merge_and_unload()
     stop = end_of_turn_id(tokenizer)
     merged.generation_config.update(

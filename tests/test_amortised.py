@@ -18,6 +18,7 @@ from grammarrl.errors import ConfigError
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.loading import add_lora, reference_mode
 from grammarrl.search.run import search_examples
+from grammarrl.search.settings import SearchSettings
 from grammarrl.tasks import load_task
 from grammarrl.training.amortised import candidate_indices, resample
 from grammarrl.training.module import GrammarRLModule
@@ -88,7 +89,7 @@ def _search_particles(module: GrammarRLModule, search: DictConfig, example, seed
         module.task,
         [example],
         module.potential,
-        search,
+        SearchSettings.from_config(search),
         seed,
         progress=False,
     )

@@ -111,7 +111,7 @@ def test_trained_policy_is_evaluated_on_the_run_device(monkeypatch):
 
     seen: list[str] = []
 
-    def first_evaluation(cfg, policy, *args):
+    def first_evaluation(evaluation, skip_completed, policy, *args):
         seen.append(next(policy.parameters()).device.type)
         raise StopIteration
 
@@ -119,7 +119,12 @@ def test_trained_policy_is_evaluated_on_the_run_device(monkeypatch):
     monkeypatch.setattr(trained_eval, "evaluate_best_dev", first_evaluation)
     with pytest.raises(StopIteration):
         trained_eval.evaluate_trained(
-            compose_config(["model=tiny"]), torch.nn.Linear(2, 2), None, None, None, None
+            trained_eval.TrainedEvalSettings.from_config(compose_config(["model=tiny"])),
+            torch.nn.Linear(2, 2),
+            None,
+            None,
+            None,
+            None,
         )
     assert seen == ["meta"]
 

@@ -13,6 +13,7 @@ import torch
 
 from grammarrl.evaluation import evaluate as evaluate_module
 from grammarrl.evaluation.evaluate import evaluate, run_eval
+from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.runs.atomic import write_json
 from grammarrl.runs.results import (
     REQUIRED_KEYS,
@@ -114,7 +115,9 @@ def test_evaluate_decodes_each_distinct_example_once(tiny, task, tmp_path, monke
         return original(self, prompts)
 
     monkeypatch.setattr(evaluate_module.ConstrainedDecoder, "greedy", counting)
-    res = evaluate(cfg, model, tok, task, "greedy", tmp_path, progress=False)
+    res = evaluate(
+        EvalSettings.from_config(cfg), model, tok, task, "greedy", tmp_path, progress=False
+    )
 
     sets = task.test_sets(3, 4, cfg.seed)
     uids = {ex.uid for s in sets for ex in s}
@@ -154,7 +157,9 @@ def test_score_rewards_gives_each_output_its_reference_reward(tiny, task, tmp_pa
 
     model, tok = tiny
     cfg = eval_config("eval.score_rewards=true", "eval.num_test_sets=2")
-    res = evaluate(cfg, model, tok, task, "greedy", tmp_path, progress=False)
+    res = evaluate(
+        EvalSettings.from_config(cfg), model, tok, task, "greedy", tmp_path, progress=False
+    )
     rows = [json.loads(x) for x in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     sets = task.test_sets(2, 4, cfg.seed)
     examples = {ex.uid: ex for s in sets for ex in s}
@@ -201,7 +206,16 @@ def test_beam_eval_matches_the_decoder(tiny, task, tmp_path, length_penalty):
         "eval.num_test_sets=1",
         f"eval.length_penalty={length_penalty}",
     )
-    res = evaluate(cfg, model, tok, task, "beam", tmp_path, name="results_beam", progress=False)
+    res = evaluate(
+        EvalSettings.from_config(cfg),
+        model,
+        tok,
+        task,
+        "beam",
+        tmp_path,
+        name="results_beam",
+        progress=False,
+    )
     assert res["decoding"] == "beam" and res["beam_width"] == 2
     assert res["length_penalty"] == length_penalty
     rows = [json.loads(x) for x in (tmp_path / "predictions_beam.jsonl").read_text().splitlines()]

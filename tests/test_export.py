@@ -68,7 +68,9 @@ def test_exported_folder_decodes_like_our_decoder_with_the_adapter(tmp_path, cac
     assert "GrammarRL" in (folder / "README.md").read_text()
 
     task = load_task(cfg)
-    policy, tokenizer = load_evaluated_model(cfg)  # the base model with the adapter attached
+    policy, tokenizer = load_evaluated_model(  # the base model with the adapter attached
+        cfg.model, cfg.cache_dir, cfg.device, cfg.eval.adapter
+    )
     decoder = ConstrainedDecoder(policy, tokenizer, task.grammar(), cfg.task.max_new_tokens)
     examples = task.splits().test_pool[:2]
     ours = decoder.greedy([encode_prompt(tokenizer, task.forward_messages(ex)) for ex in examples])

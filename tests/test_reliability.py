@@ -724,6 +724,7 @@ def test_truncated_candidates_are_flagged_not_fatal(tmp_path):
 
 def test_grammar_rejecting_gold_outputs_is_warned_with_counts(tiny, tmp_path, caplog):
     from grammarrl.evaluation.evaluate import evaluate
+    from grammarrl.evaluation.settings import EvalSettings
 
     model, tok = tiny
     cfg = compose_config(
@@ -740,7 +741,9 @@ def test_grammar_rejecting_gold_outputs_is_warned_with_counts(tiny, tmp_path, ca
     empty = '{"person": "", "organization": "", "location": "", "misc": ""}'
     task.grammar = lambda: "start: " + json.dumps(empty)  # admits only the empty output
     with caplog.at_level(logging.WARNING):
-        results = evaluate(cfg, model, tok, task, "greedy", tmp_path, progress=False)
+        results = evaluate(
+            EvalSettings.from_config(cfg), model, tok, task, "greedy", tmp_path, progress=False
+        )
     # Every CoNLL gold output names an entity (entityless rows are dropped): all 4 rejected.
     assert "the conll grammar rejects 4 of 4 distinct gold outputs" in caplog.text
     assert (results["gold_rejected"], results["gold_total"]) == (4, 4)

@@ -461,7 +461,9 @@ def _search_cfg(tmp_path, method, extra=()):
 
 
 def test_run_search_end_to_end_writes_results_and_pairs_rerank_with_is(tiny, tmp_path):
+    from grammarrl.evaluation.settings import EvalSettings
     from grammarrl.search.run import search
+    from grammarrl.search.settings import SearchSettings
     from grammarrl.tasks import load_task
 
     model, tok = tiny
@@ -471,7 +473,8 @@ def test_run_search_end_to_end_writes_results_and_pairs_rerank_with_is(tiny, tmp
         validate(cfg)
         task = load_task(cfg)
         out = tmp_path / method
-        res = search(cfg, model, tok, task, out, progress=False)
+        settings = SearchSettings.from_config(cfg.search)
+        res = search(EvalSettings.from_config(cfg), settings, model, tok, task, out, progress=False)
         saved = json.loads((out / "results.json").read_text())
         rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
         assert saved["decoding"] == method and saved["particles"] == 3

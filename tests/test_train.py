@@ -194,12 +194,16 @@ def test_the_dev_best_evaluation_decoded_with_the_kept_weights(trained, tmp_path
     """results_best_dev's predictions are those of the kept adapter loaded on its own (mode=eval),
     not the last step's: the tiny model's outputs are alike, their log-probabilities are not."""
     from grammarrl.evaluation.evaluate import evaluate, load_evaluated_model
+    from grammarrl.evaluation.settings import EvalSettings
     from grammarrl.tasks import load_task
 
     _, out, _ = trained
     cfg = compose_config([*TINY_TRAIN, "mode=eval", f"eval.adapter={out / 'adapter-best-dev'}"])
-    model, tokenizer = load_evaluated_model(cfg)
-    evaluate(cfg, model, tokenizer, load_task(cfg), "greedy", tmp_path, progress=False)
+    model, tokenizer = load_evaluated_model(cfg.model, cfg.cache_dir, cfg.device, cfg.eval.adapter)
+    task = load_task(cfg)
+    evaluate(
+        EvalSettings.from_config(cfg), model, tokenizer, task, "greedy", tmp_path, progress=False
+    )
 
     def logps(path):
         return [json.loads(line)["logp_constrained"] for line in path.read_text().splitlines()]

@@ -13,7 +13,7 @@ import torch
 
 import grammarrl.evaluation.evaluate
 from grammarrl.runs.results import adapter_name
-from grammarrl.training.trained_eval import evaluate_trained
+from grammarrl.training.trained_eval import TrainedEvalSettings, evaluate_trained
 from tests.conftest import compose_config
 
 
@@ -44,7 +44,9 @@ def evaluated(monkeypatch):
     """The names `evaluate` was called for; each call writes `<name>.json` as it would."""
     names: list[str] = []
 
-    def fake_evaluate(cfg, model, tokenizer, task, decoding, out, name="results", adapter=None):
+    def fake_evaluate(
+        settings, model, tokenizer, task, decoding, out, name="results", adapter=None
+    ):
         names.append(name)
         record = {"decoding": decoding, "adapter": adapter_name(adapter), "fresh": True}
         (Path(out) / f"{name}.json").write_text(json.dumps(record))
@@ -69,7 +71,10 @@ def interrupted_run(out: Path) -> dict:
 def run(out: Path, best: dict, *overrides: str) -> tuple[dict, FakePolicy]:
     cfg = compose_config(["model=tiny", "train.eval_baseline=true", *overrides])
     policy = FakePolicy()
-    results = evaluate_trained(cfg, policy, None, None, out, out / "adapter", best, final_step=3)
+    settings = TrainedEvalSettings.from_config(cfg)
+    results = evaluate_trained(
+        settings, policy, None, None, out, out / "adapter", best, final_step=3
+    )
     return results, policy
 
 

@@ -5,6 +5,7 @@ combined reward score gold strictly higher, with the counts. Pure functions."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ def share(hits: int, total: int) -> float | None:
     return hits / total if total else None
 
 
-def concordance(pairs: list[Pair], lambdas: list[float], sigmas: Sigmas) -> dict[str, Any]:
+def concordance(pairs: list[Pair], lambdas: Sequence[float], sigmas: Sigmas) -> dict[str, Any]:
     """Per field (in order of first appearance) and for all pairs (`ALL`): `pairs`, and for
     `direct`, `reverse` and each λ of `combined`: `gold_preferred` (strictly higher), `ties`
     and `share`; the kinds of perturbation and their counts."""

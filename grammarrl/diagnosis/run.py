@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,10 +32,11 @@ from grammarrl.diagnosis.concordance import Pair, concordance, pairs_of
 from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
 from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, lift_interval
+from grammarrl.diagnosis.settings import DiagnoseSettings
 from grammarrl.diagnosis.verdict import Verdict, make_verdict, recommend_lambda
 from grammarrl.rl.calibration import CalibrationSettings, run_sigmas
 from grammarrl.rl.rewards import ReferenceScorer
-from grammarrl.runs.results import config_dict, dtype_name
+from grammarrl.runs.results import dtype_name
 from grammarrl.runs.rundir import run_dir
 from grammarrl.tasks.base import Task
 from grammarrl.tasks.grammar_check import GrammarChecker
@@ -103,8 +105,8 @@ def field_pairs(
 
 def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     """mode=diagnose (module docstring): writes the three files, prints the verdict."""
-    settings = cfg.diagnose
-    lambdas = [float(lam) for lam in settings.lambdas]
+    from grammarrl.tasks import load_task
+
     out = run_dir(cfg)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
@@ -112,44 +114,46 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     def lap(phase: str) -> None:
         seconds[phase] = time.perf_counter() - started - sum(seconds.values())
 
-    task, model, tokenizer = _load(cfg)
+    task = load_task(cfg)
+    settings = DiagnoseSettings.from_config(cfg)  # after load_task: a custom spec merged
+    model, tokenizer = _frozen_model(cfg.model, cfg.cache_dir, cfg.device)
     lap("loading")
-    sigmas = _sigmas(cfg, model, tokenizer, task)
+    sigmas = _sigmas(CalibrationSettings.from_config(cfg), model, tokenizer, task)
     lap("σ's")
-    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), settings.max_new_tokens)
     scorer = ReferenceScorer(model, tokenizer, task)
     groups = decoded_groups(
         decoder,
         scorer,
         tokenizer,
         task,
-        dev_inputs(task, int(settings.num_inputs)),
-        int(settings.num_samples),
-        float(cfg.rollout.temperature),
-        int(settings.batch_size),
-        torch.Generator().manual_seed(int(cfg.seed)),
+        dev_inputs(task, settings.num_inputs),
+        settings.num_samples,
+        settings.temperature,
+        settings.batch_size,
+        torch.Generator().manual_seed(settings.seed),
     )
     curve = {
         "rows": "the dev split, then its reserve",
-        **lambda_curve(task, groups, lambdas, sigmas),
+        **lambda_curve(task, groups, settings.lambdas, sigmas),
     }
     lap("candidates")
-    fields_record, fields, pair_records = _perturbations(cfg, task, scorer, tokenizer, sigmas)
+    fields_record, fields, pair_records = _perturbations(settings, task, scorer, tokenizer, sigmas)
     lap("perturbations")
-    verdict = _verdict(cfg, task, groups, curve, fields, sigmas)
+    verdict = _verdict(settings, task, groups, curve, fields, sigmas)
     record = {
         "task": task.name,
-        "model": cfg.model.name,
+        "model": settings.model,
         "metric": task.metric_name,
         "device": str(decoder.device),
         "dtype": dtype_name(model),
         "verdict": vars(verdict),
         "sigmas": vars(sigmas),
-        "settings": _settings(cfg, lambdas),
+        "settings": settings.record(),
         "candidates": curve,
         "fields": fields_record,
         "seconds": seconds,
-        "config": config_dict(cfg),
+        "config": settings.config,
     }
     path = write_report(out, record, _candidate_records(groups) + pair_records)
     print(f"{verdict.text}\n-> {path}, {out / MARKDOWN}, {out / PLOT}")
@@ -160,22 +164,24 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
-def _load(cfg: DictConfig) -> tuple[Task, torch.nn.Module, Any]:
-    """The task and the frozen model (in eval mode; the CPU allocator steadied for inference)."""
+def _frozen_model(
+    model_cfg: DictConfig, cache_dir: str | Path, device: str
+) -> tuple[torch.nn.Module, Any]:
+    """The frozen model of the config's `model` group, in eval mode (the CPU allocator steadied
+    for inference)."""
     from grammarrl.models.loading import INFERENCE_MMAP_THRESHOLD, load_model, steady_cpu_allocator
-    from grammarrl.tasks import load_task
 
-    task = load_task(cfg)
-    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
+    model, tokenizer = load_model(model_cfg, cache_dir, device)
     model.eval()
     if model.device.type == "cpu":
         steady_cpu_allocator(INFERENCE_MMAP_THRESHOLD)
-    return task, model, tokenizer
+    return model, tokenizer
 
 
-def _sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Task) -> Sigmas:
+def _sigmas(
+    calibration: CalibrationSettings, model: torch.nn.Module, tokenizer: Any, task: Task
+) -> Sigmas:
     """The σ's as training resolves them, and where they came from (no path of this machine)."""
-    calibration = CalibrationSettings.from_config(cfg)
     direct, reverse, source = run_sigmas(calibration, model, tokenizer, task)
     log.info("σ_direct=%.4f σ_reverse=%.4f (%s)", direct, reverse, source)
     if source == str(calibration.file):
@@ -184,7 +190,7 @@ def _sigmas(cfg: DictConfig, model: torch.nn.Module, tokenizer: Any, task: Task)
 
 
 def _verdict(
-    cfg: DictConfig,
+    settings: DiagnoseSettings,
     task: Task,
     groups: list[Group],
     curve: dict[str, Any],
@@ -192,47 +198,34 @@ def _verdict(
     sigmas: Sigmas,
 ) -> Verdict:
     """The recommended λ's lift interval (added to `curve`) and the verdict."""
-    settings = cfg.diagnose
-    lam, _ = recommend_lambda(curve, fields, float(cfg["lambda"]))
+    lam, _ = recommend_lambda(curve, fields, settings.lam)
     picks = [argmax_index(group, lam, sigmas) for group in groups]
-    curve["lift_interval"] = lift_interval(task, groups, picks, seed=int(cfg.seed))
+    curve["lift_interval"] = lift_interval(task, groups, picks, seed=settings.seed)
     return make_verdict(
         curve,
         fields,
         task.metric_name,
-        float(cfg["lambda"]),
-        float(settings.min_lift),
-        float(settings.blind_below),
+        settings.lam,
+        settings.min_lift,
+        settings.blind_below,
         interval=curve["lift_interval"],
     )
 
 
-def _settings(cfg: DictConfig, lambdas: list[float]) -> dict[str, Any]:
-    """The settings a diagnosis record names."""
-    settings = cfg.diagnose
-    return {
-        **{
-            k: settings[k]
-            for k in ("num_inputs", "num_labelled", "num_samples", "min_lift", "blind_below")
-        },
-        "lambdas": lambdas,
-        "temperature": float(cfg.rollout.temperature),
-        "seed": int(cfg.seed),
-        "config_lambda": float(cfg["lambda"]),
-    }
-
-
 def _perturbations(
-    cfg: DictConfig, task: Task, scorer: ReferenceScorer, tokenizer: Any, sigmas: Sigmas
+    settings: DiagnoseSettings,
+    task: Task,
+    scorer: ReferenceScorer,
+    tokenizer: Any,
+    sigmas: Sigmas,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
     """The labelled rows' gold outputs against their perturbations: the record's `fields` part
     (which rows, how, the concordance table), the table alone (None: no pairs) and the rows."""
-    rows, which = labelled_rows(task, int(cfg.diagnose.num_labelled))
+    rows, which = labelled_rows(task, settings.num_labelled)
     accepts = GrammarChecker(task.grammar(), tokenizer).accepts
-    perturber = Perturber(task, accepts, [ex.target for ex in rows], int(cfg.seed))
+    perturber = Perturber(task, accepts, [ex.target for ex in rows], settings.seed)
     pairs, pair_records = field_pairs(task, scorer, tokenizer, rows, perturber)
-    lambdas = [float(lam) for lam in cfg.diagnose.lambdas]
-    table = concordance(pairs, lambdas, sigmas) if pairs else None
+    table = concordance(pairs, settings.lambdas, sigmas) if pairs else None
     unperturbed = sum(r["part"] == "unperturbed" for r in pair_records)
     if unperturbed:  # said, not dropped silently
         which += (

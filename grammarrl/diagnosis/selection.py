@@ -131,7 +131,7 @@ def distinct_share(groups: list[Group]) -> float:
 
 
 def lambda_curve(
-    task: Task, groups: list[Group], lambdas: list[float], sigmas: Sigmas
+    task: Task, groups: list[Group], lambdas: Sequence[float], sigmas: Sigmas
 ) -> dict[str, Any]:
     """Greedy, oracle and the reward's argmax at each λ: the metric (None without gold), its
     per-field F1's, how often the argmax is not greedy's output, and the reward gap."""

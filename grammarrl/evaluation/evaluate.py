@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
+from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.evaluation.test_sets import check_gold, sets_summary, test_examples
 from grammarrl.models.chat import encode_prompt
 from grammarrl.runs.results import adapter_name, build_results, dtype_name, write_results
@@ -28,27 +29,32 @@ from grammarrl.types import Example
 log = logging.getLogger(__name__)
 
 
-def load_evaluated_model(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
-    """(model, tokenizer) that mode=eval and mode=search score: the base model, with the
-    `eval.adapter` attached when set, in eval mode."""
+def load_evaluated_model(
+    model_cfg: DictConfig, cache_dir: str | Path, device: str, adapter: str | Path | None
+) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) that mode=eval, mode=search and mode=export use: the base model
+    (`model_cfg`, the config's `model` group), with `adapter` (`eval.adapter`) attached when
+    set, in eval mode."""
     from grammarrl.models.loading import load_adapter, load_model
 
-    model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    if cfg.eval.adapter:
-        model = load_adapter(model, cfg.eval.adapter)
+    model, tokenizer = load_model(model_cfg, cache_dir, device)
+    if adapter:
+        model = load_adapter(model, adapter)
     model.eval()
     return model, tokenizer
 
 
 def run_scoring_job(cfg: DictConfig, decode: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """mode=eval and mode=search: load the task and the model (plus `eval.adapter`), run
-    `decode(cfg, model, tokenizer, task, out)`, which writes the results, and print its summary."""
+    `decode(settings, model, tokenizer, task, out)` (`settings`: `EvalSettings`, built once the
+    task is loaded), which writes the results, and print its summary."""
     from grammarrl.tasks import load_task
 
     out = run_dir(cfg)
     task = load_task(cfg)
-    model, tokenizer = load_evaluated_model(cfg)
-    results = decode(cfg, model, tokenizer, task, out)
+    settings = EvalSettings.from_config(cfg)
+    model, tokenizer = load_evaluated_model(cfg.model, cfg.cache_dir, cfg.device, cfg.eval.adapter)
+    results = decode(settings, model, tokenizer, task, out)
     print(summary_line(results))
     return results
 
@@ -62,8 +68,8 @@ def run_eval(cfg: DictConfig) -> dict[str, Any]:
     )
     return run_scoring_job(
         cfg,
-        lambda cfg, model, tokenizer, task, out: evaluate(
-            cfg, model, tokenizer, task, cfg.eval.decoding, out, adapter=cfg.eval.adapter
+        lambda settings, model, tokenizer, task, out: evaluate(
+            settings, model, tokenizer, task, cfg.eval.decoding, out, adapter=cfg.eval.adapter
         ),
     )
 
@@ -286,12 +292,12 @@ def save_results(
 
 
 def evaluate(
-    cfg: DictConfig,
+    settings: EvalSettings,
     model: torch.nn.Module,
     tokenizer: Any,
     task: Task,
     decoding: str,
-    out: str | Path | None = None,
+    out: str | Path,
     name: str = "results",
     beam_width: int | None = None,
     progress: bool = True,
@@ -301,11 +307,10 @@ def evaluate(
     `<out>/<name>.json` and the matching predictions file; returns the results record (with
     `path`). `adapter` is recorded as what produced the numbers: the adapter directory of
     `model`, None for the frozen base model."""
-    out = Path(out) if out is not None else run_dir(cfg)
-    beam_width = int(beam_width if beam_width is not None else cfg.eval.beam_width)
-    test_sets, all_examples = test_examples(cfg, task)
+    beam_width = int(beam_width if beam_width is not None else settings.beam_width)
+    test_sets, all_examples = test_examples(settings.test_sets, task)
 
-    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), settings.max_new_tokens)
     started = time.perf_counter()
     outputs = decode_examples(
         decoder,
@@ -314,32 +319,32 @@ def evaluate(
         all_examples,
         decoding,
         beam_width,
-        cfg.eval.batch_size,
+        settings.batch_size,
         progress,
-        length_penalty=cfg.eval.length_penalty,
+        length_penalty=settings.length_penalty,
     )
     seconds = time.perf_counter() - started
     rewards = None
-    if cfg.eval.score_rewards:
+    if settings.score_rewards:
         rewards = output_rewards(model, tokenizer, task, all_examples, outputs, progress)
     scores, per_set, rows = score_test_sets(task, test_sets, outputs, rewards)
     unique = list(outputs.values())
     results = build_results(
         task=task.name,
-        model=cfg.model.name,
+        model=settings.model,
         decoding=decoding,
         metric=task.metric_name,
         scores=scores,
-        config=cfg,
+        config=settings.config,
         **output_summary(task, unique, seconds),
         beam_width=beam_width if decoding == "beam" else None,
-        length_penalty=cfg.eval.length_penalty if decoding == "beam" else None,
-        **sets_summary(cfg, task, test_sets, len(unique)),
-        batch_size=cfg.eval.batch_size,
+        length_penalty=settings.length_penalty if decoding == "beam" else None,
+        **sets_summary(settings.test_sets, settings.max_new_tokens, task, test_sets, len(unique)),
+        batch_size=settings.batch_size,
         adapter=adapter_name(adapter),
         device=str(decoder.device),
         dtype=dtype_name(model),
         per_set=per_set,
         **check_gold(task, tokenizer, all_examples),
     )
-    return save_results(out, results, rows, name)
+    return save_results(Path(out), results, rows, name)

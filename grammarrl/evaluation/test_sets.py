@@ -7,35 +7,32 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from omegaconf import DictConfig
-
 from grammarrl.errors import DataError
+from grammarrl.evaluation.settings import TestSetSpec
 from grammarrl.tasks.base import Task, drawing_note
 from grammarrl.types import Example
 
 log = logging.getLogger(__name__)
 
 
-def test_examples(cfg: DictConfig, task: Task) -> tuple[list[list[Example]], list[Example]]:
-    """The seeded test sets (`eval.num_test_sets` x `eval.test_size`, drawn as
-    `eval.test_set_drawing` says) and all their examples in order; DataError when there are
-    none. Warns when the sets cannot be disjoint (`drawing_note`)."""
-    ev = cfg.eval
-    test_sets = task.test_sets(ev.num_test_sets, ev.test_size, cfg.seed, ev.test_set_drawing)
+def test_examples(spec: TestSetSpec, task: Task) -> tuple[list[list[Example]], list[Example]]:
+    """The seeded test sets (`num_test_sets` x `test_size`, drawn as `spec.drawing` says) and
+    all their examples in order; DataError when there are none. Warns when the sets cannot be
+    disjoint (`drawing_note`)."""
+    test_sets = task.test_sets(spec.num_test_sets, spec.test_size, spec.seed, spec.drawing)
     examples = [ex for test_set in test_sets for ex in test_set]
     if not examples:
         raise DataError(f"task {task.name}: the test sets are empty (no test examples)")
-    note = test_sets_note(cfg, task)
+    note = test_sets_note(spec, task)
     if note:
         log.warning("task %s: %s", task.name, note)
     return test_sets, examples
 
 
-def test_sets_note(cfg: DictConfig, task: Task) -> str:
+def test_sets_note(spec: TestSetSpec, task: Task) -> str:
     """`drawing_note` for the run's test sets ("" when they are disjoint)."""
-    ev = cfg.eval
     pool = len(task.splits().test_pool)
-    return drawing_note(ev.num_test_sets, ev.test_size, cfg.seed, pool, ev.test_set_drawing)
+    return drawing_note(spec.num_test_sets, spec.test_size, spec.seed, pool, spec.drawing)
 
 
 def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> dict[str, int]:
@@ -61,20 +58,25 @@ def check_gold(task: Task, tokenizer: Any, examples: list[Example]) -> dict[str,
 
 
 def sets_summary(
-    cfg: DictConfig, task: Task, test_sets: list[list[Example]], distinct: int
+    spec: TestSetSpec,
+    max_new_tokens: int,
+    task: Task,
+    test_sets: list[list[Example]],
+    distinct: int,
 ) -> dict[str, Any]:
     """How the test sets were drawn and decoded (results fields shared by eval and search):
-    the drawing, whether the sets can share examples (`test_sets_note`), and every set's
-    example ids, so that results are paired by the examples they hold, never by set index."""
+    the drawing, the output length cap, whether the sets can share examples
+    (`test_sets_note`), and every set's example ids, so that results are paired by the
+    examples they hold, never by set index."""
     return {
         "num_test_sets": len(test_sets),
         "test_size": len(test_sets[0]) if test_sets else 0,
         "num_examples": sum(map(len, test_sets)),
         "num_unique_examples": distinct,
-        "max_new_tokens": cfg.task.max_new_tokens,
-        "seed": cfg.seed,
-        "test_set_drawing": cfg.eval.test_set_drawing,
+        "max_new_tokens": max_new_tokens,
+        "seed": spec.seed,
+        "test_set_drawing": spec.drawing,
         "test_pool_size": len(task.splits().test_pool),
-        "test_sets_note": test_sets_note(cfg, task),
+        "test_sets_note": test_sets_note(spec, task),
         "set_ids": [[ex.uid for ex in test_set] for test_set in test_sets],
     }

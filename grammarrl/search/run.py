@@ -41,10 +41,10 @@ from grammarrl.evaluation.evaluate import (
     save_results,
     score_test_sets,
 )
+from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.evaluation.test_sets import sets_summary, test_examples
 from grammarrl.runs.results import adapter_name, build_results, dtype_name
-from grammarrl.runs.rundir import run_dir
-from grammarrl.search.potentials import BoundPotential, Potential, default_potential, make_potential
+from grammarrl.search.potentials import BoundPotential, Potential, make_potential
 from grammarrl.search.selections import (
     Selections,
     diagnostics,
@@ -52,6 +52,7 @@ from grammarrl.search.selections import (
     mean_records,
     selection_scores,
 )
+from grammarrl.search.settings import SearchSettings
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
@@ -60,7 +61,13 @@ log = logging.getLogger(__name__)
 
 def run_search(cfg: DictConfig) -> dict[str, Any]:
     """mode=search: the task, the model (plus `eval.adapter` as the proposal if set), search."""
-    return run_scoring_job(cfg, search)
+    settings = SearchSettings.from_config(cfg.search)
+    return run_scoring_job(
+        cfg,
+        lambda evaluation, model, tokenizer, task, out: search(
+            evaluation, settings, model, tokenizer, task, out, adapter=cfg.eval.adapter
+        ),
+    )
 
 
 class _Timed:
@@ -92,23 +99,18 @@ def search_examples(
     task: Task,
     examples: list[Example],
     potential: Potential,
-    settings: DictConfig,
+    settings: SearchSettings,
     seed: int,
     progress: bool = True,
 ) -> tuple[dict[str, ParticleSet], float]:
-    """Particles of each distinct example (by uid) under `settings` (the `search` config
-    group), in length-sorted batches; also returns the seconds spent in the potential."""
+    """Particles of each distinct example (by uid) under `settings`, in length-sorted batches;
+    also returns the seconds spent in the potential."""
     from tqdm.auto import tqdm
 
-    method, particles, batch_size = (
-        str(settings.method),
-        int(settings.particles),
-        int(settings.batch_size),
-    )
+    method, particles, batch_size = settings.method, settings.particles, settings.batch_size
     unique, prompts, order = distinct_prompts(tokenizer, task, examples)
     generator = torch.Generator().manual_seed(seed)
     resample_generator = torch.Generator().manual_seed(seed + 1)
-    threshold = float(settings.ess_threshold) if method == "smc" else 0.0  # rerank, is: none
     populations: dict[str, ParticleSet] = {}
     potential_seconds = 0.0
     bar = tqdm(total=len(order), desc=f"search {method}", unit="ex", disable=not progress)
@@ -122,8 +124,8 @@ def search_examples(
             [prompts[uid] for uid in uids],
             particles,
             twist=twist,
-            ess_threshold=threshold,
-            temperature=float(settings.temperature),
+            ess_threshold=settings.ess_threshold,
+            temperature=settings.temperature,
             generator=generator,
             resample_generator=resample_generator,
         )
@@ -156,45 +158,67 @@ class _Draw:
 
 
 def search(
-    cfg: DictConfig,
+    evaluation: EvalSettings,
+    settings: SearchSettings,
     model: torch.nn.Module,
     tokenizer: Any,
     task: Task,
-    out: str | Path | None = None,
+    out: str | Path,
     name: str = "results",
     progress: bool = True,
+    adapter: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Run `cfg.search` on the seeded test sets (`cfg.eval.num_test_sets` x `test_size`) once
-    per sampler seed (`cfg.eval.sampler_seeds`), write `<out>/<name>.json` (per-draw scores and
-    their mean per set) and the predictions (one row per draw, set and example); returns the
-    results record (with `path`)."""
-    settings = cfg.search
-    out = Path(out) if out is not None else run_dir(cfg)
-    potential_name = str(settings.potential or default_potential(str(settings.method)))
-    potential = make_potential(potential_name, task, model, tokenizer)
-    test_sets = test_examples(cfg, task)[0]
-    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), cfg.task.max_new_tokens)
+    """Run the search method (`settings`) on the seeded test sets (`evaluation.test_sets`) once
+    per sampler seed (`evaluation.sampler_seeds`), write `<out>/<name>.json` (per-draw scores
+    and their mean per set) and the predictions (one row per draw, set and example); returns
+    the results record (with `path`). `adapter` is recorded as the proposal's adapter (None:
+    the frozen base model)."""
+    potential = make_potential(settings.potential, task, model, tokenizer)
+    test_sets = test_examples(evaluation.test_sets, task)[0]
+    decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), evaluation.max_new_tokens)
     greedy = None
     if settings.greedy_baseline:
         greedy = _greedy_baseline(
-            decoder, tokenizer, task, test_sets, cfg.eval.batch_size, progress
+            decoder, tokenizer, task, test_sets, evaluation.batch_size, progress
         )
     draws = []
-    for draw, sampler_seed in enumerate(int(seed) for seed in cfg.eval.sampler_seeds):
+    for draw, sampler_seed in enumerate(evaluation.sampler_seeds):
         log.info("search: draw %d with sampler seed %d", draw, sampler_seed)
         draws.append(
             _draw(
-                cfg, model, tokenizer, task, decoder, potential, test_sets, sampler_seed, progress
+                evaluation.score_rewards,
+                settings,
+                model,
+                tokenizer,
+                task,
+                decoder,
+                potential,
+                test_sets,
+                sampler_seed,
+                progress,
             )
         )
         for row in draws[-1].rows:
             row.update(draw=draw, sampler_seed=sampler_seed)
-    results = _results(cfg, model, task, str(decoder.device), test_sets, draws, potential, greedy)
-    return save_results(out, results, [row for d in draws for row in d.rows], name)
+    results = _results(
+        evaluation,
+        settings,
+        adapter,
+        model,
+        task,
+        str(decoder.device),
+        test_sets,
+        draws,
+        potential,
+        greedy,
+    )
+    return save_results(Path(out), results, [row for d in draws for row in d.rows], name)
 
 
 def _results(
-    cfg: DictConfig,
+    evaluation: EvalSettings,
+    settings: SearchSettings,
+    adapter: str | Path | None,
     model: torch.nn.Module,
     task: Task,
     device: str,
@@ -204,7 +228,6 @@ def _results(
     greedy: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The results record of every draw: scores per set (mean over draws), costs, diagnostics."""
-    settings = cfg.search
     potential_tokens = potential.forward_tokens // len(draws)
     seconds = sum(d.seconds for d in draws) / len(draws)  # one draw's cost
     potential_seconds = sum(d.potential_seconds for d in draws) / len(draws)
@@ -212,14 +235,14 @@ def _results(
     pooled = [g for d in draws for g in d.selected.values()]
     return build_results(
         task=task.name,
-        model=cfg.model.name,
-        decoding=str(settings.method),
+        model=evaluation.model,
+        decoding=settings.method,
         metric=task.metric_name,
         scores=mean_over_draws([d.scores for d in draws]),
-        config=cfg,
+        config=evaluation.config,
         **output_summary(task, pooled, seconds * len(draws)),
-        **_method_fields(settings, potential.name),
-        adapter=adapter_name(cfg.eval.adapter),
+        **_method_fields(settings),
+        adapter=adapter_name(adapter),
         **_costs(seconds, potential_seconds, search_tokens, potential_tokens, greedy),
         sampler_seeds=[d.sampler_seed for d in draws],
         scores_per_draw=[d.scores for d in draws],
@@ -232,7 +255,9 @@ def _results(
         potential_seconds=potential_seconds,
         forward_tokens=search_tokens,
         potential_forward_tokens=potential_tokens,
-        **sets_summary(cfg, task, test_sets, len(draws[0].selected)),
+        **sets_summary(
+            evaluation.test_sets, evaluation.max_new_tokens, task, test_sets, len(draws[0].selected)
+        ),
         device=device,
         dtype=dtype_name(model),
         per_set=[mean_records([d.per_set[i] for d in draws]) for i in range(len(test_sets))],
@@ -240,7 +265,8 @@ def _results(
 
 
 def _draw(
-    cfg: DictConfig,
+    score_rewards: bool,
+    settings: SearchSettings,
     model: torch.nn.Module,
     tokenizer: Any,
     task: Task,
@@ -250,8 +276,8 @@ def _draw(
     sampler_seed: int,
     progress: bool,
 ) -> _Draw:
-    """Particles of every distinct example drawn with `sampler_seed`, selected and scored."""
-    settings = cfg.search
+    """Particles of every distinct example drawn with `sampler_seed`, selected and scored
+    (with the reference's rewards of the selected outputs when `score_rewards`)."""
     all_examples = [ex for test_set in test_sets for ex in test_set]
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
@@ -259,12 +285,10 @@ def _draw(
     )
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
-    picks = Selections(
-        task, populations, str(settings.method), int(settings.posterior_draws), sampler_seed
-    )
+    picks = Selections(task, populations, settings.method, settings.posterior_draws, sampler_seed)
     selected = picks.selected()
     rewards = None
-    if cfg.eval.score_rewards:
+    if score_rewards:
         rewards = output_rewards(model, tokenizer, task, all_examples, selected, progress)
     _, per_set, rows = score_test_sets(
         task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
@@ -282,16 +306,15 @@ def _draw(
     )
 
 
-def _method_fields(settings: DictConfig, potential: str) -> dict[str, Any]:
+def _method_fields(settings: SearchSettings) -> dict[str, Any]:
     """The search settings a results file records (`ess_threshold` 0: no resampling)."""
-    method = str(settings.method)
     return {
-        "method": method,
-        "particles": int(settings.particles),
-        "potential": potential,
-        "ess_threshold": float(settings.ess_threshold) if method == "smc" else 0.0,
-        "temperature": float(settings.temperature),
-        "batch_size": int(settings.batch_size),
+        "method": settings.method,
+        "particles": settings.particles,
+        "potential": settings.potential,
+        "ess_threshold": settings.ess_threshold,
+        "temperature": settings.temperature,
+        "batch_size": settings.batch_size,
     }
 
 

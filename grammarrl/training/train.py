@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from grammarrl.config.checks import device_type
 from grammarrl.errors import GrammarRLError
+from grammarrl.evaluation.settings import TestSetSpec
 from grammarrl.evaluation.summary import write_summary
 from grammarrl.evaluation.test_sets import test_examples
 from grammarrl.models.loading import add_lora, load_adapter, load_model
@@ -33,7 +34,7 @@ from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
 from grammarrl.training.module import GrammarRLModule
 from grammarrl.training.resume import Resume, merge_metrics, prepare_run_dir, resolve_resume
 from grammarrl.training.settings import StepSettings
-from grammarrl.training.trained_eval import evaluate_trained
+from grammarrl.training.trained_eval import TrainedEvalSettings, evaluate_trained
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
         resume = resolve_resume(out, cfg.train.resume, cfg.trainer.max_steps, config_dict(cfg))
     prepare_run_dir(out, resume)
     task = load_task(cfg)
-    test_examples(cfg, task)  # an empty test pool fails now, not after hours of training
+    test_examples(TestSetSpec.from_config(cfg), task)  # an empty pool fails now, not in hours
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     sigmas = resolve_sigmas(CalibrationSettings.from_config(cfg), model, tokenizer, task, resume)
     init = cfg.train.init_adapter
@@ -193,8 +194,9 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
     _save_samples(trainer, module.samples, out)
     write_jsonl(out / "validation.jsonl", module.validation_rows)
     best = best_dev.best if cfg.train.eval_best_dev else None
+    testing = TrainedEvalSettings.from_config(cfg)
     results = evaluate_trained(
-        cfg, policy, tokenizer, task, out, adapter, best, trainer.global_step
+        testing, policy, tokenizer, task, out, adapter, best, trainer.global_step
     )
     summary = write_summary(out, task, results, cfg["lambda"], *sigmas)
     if summary is None:  # no frozen evaluation to compare with: the short table

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
+from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.models.loading import reference_mode, resolve_device
 from grammarrl.runs.atomic import write_json
 from grammarrl.runs.results import adapter_name
@@ -21,8 +23,30 @@ from grammarrl.training.callbacks import BEST_DEV_RECORD
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class TrainedEvalSettings:
+    """Which test evaluations a training run ends with, and how each decodes and records."""
+
+    evaluation: EvalSettings
+    device: str  # device: where the policy evaluates (Lightning's teardown leaves it on the CPU)
+    beam: bool  # train.eval_beam: also with beam search (results_beam.json)
+    baseline: bool  # train.eval_baseline: also the frozen model (results_baseline.json)
+    skip_completed: bool  # keep the evaluations a restarted run wrote before (`stored_result`)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> TrainedEvalSettings:
+        """The settings of a composed config, after `load_task` (`EvalSettings.from_config`)."""
+        return cls(
+            evaluation=EvalSettings.from_config(cfg),
+            device=cfg.device,
+            beam=bool(cfg.train.eval_beam),
+            baseline=bool(cfg.train.eval_baseline),
+            skip_completed=bool(cfg.skip_completed),
+        )
+
+
 def evaluate_trained(
-    cfg: DictConfig,
+    settings: TrainedEvalSettings,
     policy: torch.nn.Module,
     tokenizer: Any,
     task: Any,
@@ -32,34 +56,38 @@ def evaluate_trained(
     final_step: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """The trained adapter greedily (results.json), and with beam search and the frozen model
-    (adapter disabled) when `train.eval_beam` / `train.eval_baseline` ask for them, and the
+    (adapter disabled) when `settings.beam` / `settings.baseline` ask for them, and the
     dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step."""
     from grammarrl.evaluation.evaluate import evaluate
 
+    evaluation, skip = settings.evaluation, settings.skip_completed
     # Lightning's teardown after `fit` leaves the module on the CPU: back to the run's device.
-    policy.to(resolve_device(cfg.device)).eval()
+    policy.to(resolve_device(settings.device)).eval()
     # results.json (greedy) is written last: its presence marks the run as complete (a sweep
     # re-run skips the job); a restart after a crash before it keeps what was written.
-    results = evaluate_best_dev(cfg, policy, tokenizer, task, out, best_dev, final_step)
-    if cfg.train.eval_beam:
-        results["beam"] = stored_result(
-            out, "results_beam", adapter, cfg.skip_completed
-        ) or evaluate(
-            cfg, policy, tokenizer, task, "beam", out, name="results_beam", adapter=adapter
+    results = evaluate_best_dev(
+        evaluation, skip, policy, tokenizer, task, out, best_dev, final_step
+    )
+    if settings.beam:
+        results["beam"] = stored_result(out, "results_beam", adapter, skip) or evaluate(
+            evaluation, policy, tokenizer, task, "beam", out, name="results_beam", adapter=adapter
         )
-    if cfg.train.eval_baseline:
-        results["baseline"] = stored_result(out, "results_baseline", None, cfg.skip_completed)
+    if settings.baseline:
+        results["baseline"] = stored_result(out, "results_baseline", None, skip)
         if results["baseline"] is None:
             with reference_mode(policy):
                 results["baseline"] = evaluate(
-                    cfg, policy, tokenizer, task, "greedy", out, name="results_baseline"
+                    evaluation, policy, tokenizer, task, "greedy", out, name="results_baseline"
                 )
-    greedy = evaluate(cfg, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter)
+    greedy = evaluate(
+        evaluation, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter
+    )
     return {"greedy": greedy, **results}
 
 
 def evaluate_best_dev(
-    cfg: DictConfig,
+    evaluation: EvalSettings,
+    skip_completed: bool,
     policy: torch.nn.Module,
     tokenizer: Any,
     task: Any,
@@ -69,7 +97,8 @@ def evaluate_best_dev(
 ) -> dict[str, dict[str, Any]]:
     """The adapter of the step with the best dev metric, greedily (`results_best_dev.json`;
     its step and dev value in `best_dev.json` beside it), unless that step is the last (`final`:
-    results.json is that evaluation) or no validation after a trained step kept one."""
+    results.json is that evaluation) or no validation after a trained step kept one.
+    `skip_completed`: keep the evaluation a restarted run wrote before (`stored_result`)."""
     from grammarrl.evaluation.evaluate import evaluate
 
     if best is None:
@@ -84,14 +113,21 @@ def evaluate_best_dev(
         )
         return {}
     write_json(out / BEST_DEV_RECORD, best)
-    stored = stored_result(out, "results_best_dev", adapter, cfg.skip_completed)
+    stored = stored_result(out, "results_best_dev", adapter, skip_completed)
     if stored is not None:
         return {"best_dev": stored}
     policy.load_adapter(str(adapter), adapter_name="best_dev")
     policy.set_adapter("best_dev")
     try:
         result = evaluate(
-            cfg, policy, tokenizer, task, "greedy", out, name="results_best_dev", adapter=adapter
+            evaluation,
+            policy,
+            tokenizer,
+            task,
+            "greedy",
+            out,
+            name="results_best_dev",
+            adapter=adapter,
         )
     finally:
         policy.set_adapter("default")
