@@ -5,6 +5,7 @@ imports themselves."""
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -54,3 +55,45 @@ def test_modules_and_functions_are_short():
                     long_functions.append(f"{name}:{node.lineno} {node.name}: {length} lines")
     assert not long_modules, long_modules
     assert not long_functions, long_functions
+
+
+def package_edges() -> set[tuple[str, str]]:
+    """The imports between grammarrl's packages and top modules, less those a longer path
+    implies (grimp: import-linter's import graph)."""
+    import grimp
+
+    graph = grimp.build_graph("grammarrl", include_external_packages=False)
+    edges: dict[str, set[str]] = {}
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            a, b = (m.split(".")[1] if "." in m else m for m in (module, imported))
+            if a != b:
+                edges.setdefault(a, set()).add(b)
+
+    def reaches(start: str, target: str, skip: tuple[str, str]) -> bool:
+        seen, stack = set(), [b for b in edges.get(start, ()) if (start, b) != skip]
+        while stack:
+            node = stack.pop()
+            if node == target:
+                return True
+            if node not in seen:
+                seen.add(node)
+                stack += edges.get(node, ())
+        return False
+
+    return {(a, b) for a in edges for b in edges[a] if not reaches(a, b, (a, b))}
+
+
+def test_the_architecture_diagram_is_drawn_from_the_imports():
+    """docs/architecture.md's arrows between packages below the entry points are the real ones
+    (the entry points are one node there; errors and types one node `base`)."""
+
+    base = {"errors": "base", "types": "base"}
+    entry = {"run", "api", "plan", "prepare", "export"}
+    drawn = set(
+        re.findall(
+            r"^\s+(\w+) --> (\w+)", (ROOT / "docs/architecture.md").read_text(), re.MULTILINE
+        )
+    )
+    real = {(base.get(a, a), base.get(b, b)) for a, b in package_edges() if a not in entry}
+    assert {e for e in drawn if e[0] != "entry"} == real
