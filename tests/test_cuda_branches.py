@@ -141,8 +141,8 @@ def test_half_precision_logits_are_scored_in_float32():
 
 # ----- device and dtype choices ----------------------------------------------------------------
 def test_auto_device_and_dtype_on_a_cuda_machine(cuda_present):
-    """models.py:resolve_device/resolve_dtype, config.py:device_type,
-    rundir.py:resolved_settings with CUDA present: auto is cuda in bfloat16."""
+    """models/loading.py:resolve_device/resolve_dtype, config/checks.py:device_type,
+    runs/rundir.py:resolved_settings with CUDA present: auto is cuda in bfloat16."""
     assert models.resolve_device("auto") == torch.device("cuda")
     assert models.resolve_device("cuda:1") == torch.device("cuda", 1)
     assert models.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
@@ -154,7 +154,7 @@ def test_auto_device_and_dtype_on_a_cuda_machine(cuda_present):
 
 
 def test_load_model_on_cuda(cuda_present, cache_dir, monkeypatch):
-    """models.py:load_model on CUDA: bfloat16 weights with a float32 head, moved to the GPU,
+    """models/loading.py:load_model on CUDA: bfloat16 weights with a float32 head, moved to the GPU,
     and glibc's allocator left alone (`steady_cpu_allocator` is for CPU runs)."""
     tuned: list[bool] = []
     monkeypatch.setattr(models, "steady_cpu_allocator", lambda: tuned.append(True))

@@ -1,6 +1,6 @@
 """Model loading: hub ids or local paths, the embedded SmolLM2, the `tiny` test model, LoRA.
 
-The embedded SmolLM2's GGUF is located and converted once in `model_cache`.
+The embedded SmolLM2's GGUF is located and converted once in `grammarrl.models.cache`.
 
 The reference model pi_ref is the policy with its LoRA adapter disabled (`reference_mode`),
 so one copy of the weights serves both.
