@@ -34,14 +34,20 @@ RULE = (
 )
 
 
-def dev_rows(run_path: Path, step: int | None = None) -> list[dict[str, Any]]:
-    """A run's per-example dev records at one validation step (default: its last), from its
-    `validation.jsonl`; [] when it kept none (runs written before 2026-11-27)."""
+def dev_records(run_path: Path) -> list[dict[str, Any]]:
+    """A run's per-example dev records of every validation step, from its `validation.jsonl`;
+    [] when it kept none (runs written before 2026-11-27)."""
     path = run_path / "validation.jsonl"
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    dev = [r for r in rows if r["slice"] == DEV]
+    return [r for r in rows if r["slice"] == DEV]
+
+
+def dev_rows(run_path: Path, step: int | None = None) -> list[dict[str, Any]]:
+    """A run's per-example dev records at one validation step (default: its last); [] when it
+    kept none."""
+    dev = dev_records(run_path)
     if not dev:
         return []
     step = max(r["step"] for r in dev) if step is None else step

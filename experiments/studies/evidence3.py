@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.curves import Series, curve
-from experiments.dev_selection import dev_rows, paired_dev_interval
+from experiments.dev_selection import dev_records, paired_dev_interval
 from experiments.intervals import counts_of, micro_f1
 from experiments.outputs import field_statistics
 from grammarrl.evaluation.curves import read_metrics
@@ -52,11 +52,14 @@ def _window_mean(series: Series, key: str, after: int, upto: int) -> float | Non
 
 def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
     """One row per validation step of the run's dev record (module docstring)."""
-    steps = sorted({r["step"] for r in dev_rows_all(run)})
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for record in dev_records(run):
+        by_step.setdefault(record["step"], []).append(record)
+    steps = sorted(by_step)
     series = read_metrics(run)
     rows = []
     for i, step in enumerate(steps):
-        records = dev_rows(run, step)
+        records = by_step[step]
         found = field_statistics(records, FIELDS, output_fields, golds)
         diff = paired_dev_interval(run, run, step, steps[0]) if i else None
         row = {
@@ -72,13 +75,6 @@ def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
             row[column] = _window_mean(series, key, steps[i - 1] if i else 0, step) if i else None
         rows.append(row)
     return rows
-
-
-def dev_rows_all(run: Path) -> list[dict[str, Any]]:
-    """Every dev record of the run, all validation steps."""
-    path = run / "validation.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    return [r for r in map(json.loads, filter(None, lines)) if r["slice"] == "dev"]
 
 
 def _entities(rows: Sequence[Mapping[str, Any]]) -> float:
