@@ -45,7 +45,8 @@ def dev_golds(run: Path) -> dict[str, str]:
     return {ex.uid: ex.target for ex in splits.dev + splits.dev_reserve}
 
 
-def _window_mean(series: Series, key: str, after: int, upto: int) -> float | None:
+def window_mean(series: Series, key: str, after: int, upto: int) -> float | None:
+    """The mean of a logged metric over the steps in [after, upto); None when none was logged."""
     values = [v for step, v in curve(series, key) if after <= step < upto]
     return sum(values) / len(values) if values else None
 
@@ -68,17 +69,18 @@ def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
             "dev_micro_f1": float(micro_f1(counts_of([r["scores"] for r in records]).sum(0))),
             "difference": diff,
             "fields": found,
-            "entities_per_output": _entities(records),
+            "entities_per_output": entities_per_output(records),
             "forward_passes": dict(curve(series, "train/forward_passes")).get(step - 1),
         }
         for key, column in TRAINING:
-            row[column] = _window_mean(series, key, steps[i - 1] if i else 0, step) if i else None
+            row[column] = window_mean(series, key, steps[i - 1] if i else 0, step) if i else None
         rows.append(row)
     return rows
 
 
-def _entities(rows: Sequence[Mapping[str, Any]]) -> float:
-    filled = [sum(bool(v) for v in output_fields(r["prediction"]).values()) for r in rows]
+def entities_per_output(rows: Sequence[Mapping[str, Any]], key: str = "prediction") -> float:
+    """Mean number of filled fields per output (`key`: the rows' output field)."""
+    filled = [sum(bool(v) for v in output_fields(r[key]).values()) for r in rows]
     return sum(filled) / max(len(filled), 1)
 
 

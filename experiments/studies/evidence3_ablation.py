@@ -1,0 +1,201 @@
+"""Evidence III, part 1 (issue 45): which term of RLOO's objective pays for the extra spans?
+
+The ablation sweep (`conf/experiment/evidence3_ablation_cpu.yaml`) trains one variant of
+Evidence II's setting per job from the frozen model and validates each on the same dev inputs
+at the same steps; only the reference variant (`kl_reward`, Evidence II's own) validates at
+step 0, which is every variant's step 0 (the frozen model, the same inputs in the same batches).
+Per variant and validation step: dev micro-F1, its paired difference from step 0 and from the
+reference at the same step (95% bootstrap intervals over the shared dev inputs), precision and
+recall per field and over all fields, entities per output (gold's too), the frozen model's
+rewards of the greedy outputs; per stretch of training before it, the means of the logged
+KL terms, rewards, grammar mass, rollout length and step time. One figure of the curves.
+
+    python -m experiments.studies.evidence3_ablation multirun/evidence3/ablation \
+        --out experiments/results/evidence3-ablation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments.curves import PANELS, Series, curve, training_curves
+from experiments.dev_selection import dev_records, paired_dev_interval
+from experiments.intervals import counts_of, micro_f1
+from experiments.outputs import field_statistics
+from experiments.runs import AggregationError
+from experiments.studies.evidence3 import dev_golds, entities_per_output, window_mean
+from grammarrl.evaluation.curves import read_metrics
+from grammarrl.tasks.conll import FIELDS, output_fields
+
+REFERENCE = "kl_reward"  # Evidence II's setting; the sweep's only job validating at step 0
+JOB = re.compile(r"^(\d+)_(.+)$")  # the sweep's subdir: <job number>_<variant>
+VALIDATION = (  # (logged key at a validation, column)
+    ("val/dev_reward_direct", "dev R_direct"),
+    ("val/dev_reward_reverse", "dev R_reverse"),
+)
+TRAINING = (  # (logged key, column): means over the steps since the previous validation
+    ("train/kl", "KL"),
+    ("train/kl_grammar", "KL (grammar)"),
+    ("train/reward_direct", "R_direct"),
+    ("train/reward_reverse", "R_reverse"),
+    ("train/log_valid_mass", "log mass on grammar"),
+    ("train/candidate_tokens", "rollout tokens"),
+    ("perf/step_seconds", "s / step"),
+)
+EXTRA_PANELS = (("train/reward_direct", True), ("train/reward_reverse", True))
+
+
+def variant_runs(sweep: Path) -> dict[str, Path]:
+    """variant -> run directory, in job order, for the sweep's jobs that kept dev records; an
+    error when the reference variant is missing (it holds step 0)."""
+    jobs = sorted(
+        (int(m.group(1)), m.group(2), path)
+        for path in sweep.iterdir()
+        if path.is_dir() and (m := JOB.match(path.name)) and dev_records(path)
+    )
+    runs = {variant: path for _, variant, path in jobs}
+    if REFERENCE not in runs:
+        raise AggregationError(f"{sweep}: no `{REFERENCE}` job with dev records (step 0)")
+    return runs
+
+
+def _by_step(run: Path) -> dict[int, list[dict[str, Any]]]:
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for record in dev_records(run):
+        by_step.setdefault(record["step"], []).append(record)
+    return by_step
+
+
+def _row(
+    variant: str, step: int, records: list[dict[str, Any]], golds: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "variant": variant,
+        "step": step,
+        "inputs": len(records),
+        "dev_micro_f1": float(micro_f1(counts_of([r["scores"] for r in records]).sum(0))),
+        "fields": field_statistics(records, FIELDS, output_fields, golds),
+        "entities_per_output": entities_per_output(records),
+    }
+
+
+def ablation_rows(runs: Mapping[str, Path], golds: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Step 0 (the reference's), then one row per variant and later validation step (module
+    docstring); a step the reference has not reached gets no difference from it."""
+    reference = runs[REFERENCE]
+    ref_steps = _by_step(reference)
+    rows = [_row("frozen (step 0)", 0, ref_steps[0], golds)]
+    rows[0]["gold_entities_per_output"] = entities_per_output(
+        [{"gold": golds[r["uid"]]} for r in ref_steps[0]], key="gold"
+    )
+    for variant, run in runs.items():
+        series = read_metrics(run)
+        steps = sorted(s for s in _by_step(run).items() if s[0] > 0)
+        previous = 0
+        for step, records in steps:
+            row = _row(variant, step, records, golds)
+            row["vs_step_0"] = paired_dev_interval(run, reference, step, 0)
+            same = variant != REFERENCE and step in ref_steps
+            row["vs_reference"] = paired_dev_interval(run, reference, step, step) if same else None
+            for key, column in VALIDATION:
+                row[column] = dict(curve(series, key)).get(step)
+            for key, column in TRAINING:
+                row[column] = window_mean(series, key, previous, step)
+            rows.append(row)
+            previous = step
+    for key, column in VALIDATION:  # step 0's, as the reference logged it
+        rows[0][column] = dict(curve(read_metrics(reference), key)).get(0)
+    return rows
+
+
+def _interval(diff: Sequence[float] | None) -> str:
+    return "–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines]
+    return "\n".join(out) + "\n"
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Three tables: dev results by variant and step; per-field P/R; the training stretches."""
+    head = ["variant", "step", "dev micro-F1", "Δ vs step 0 [95%]", f"Δ vs {REFERENCE} [95%]"]
+    head += ["micro P/R", "entities / output", *(c for _, c in VALIDATION)]
+    main = [
+        [
+            row["variant"],
+            str(row["step"]),
+            f"{row['dev_micro_f1']:.3f}",
+            _interval(row.get("vs_step_0")),
+            _interval(row.get("vs_reference")),
+            f"{row['fields']['micro']['precision']:.2f}/{row['fields']['micro']['recall']:.2f}",
+            f"{row['entities_per_output']:.2f}",
+            *(_number(row.get(c), 3) for _, c in VALIDATION),
+        ]
+        for row in rows
+    ]
+    fields = [
+        [row["variant"], str(row["step"])]
+        + [f"{row['fields'][f]['precision']:.2f}/{row['fields'][f]['recall']:.2f}" for f in FIELDS]
+        for row in rows
+    ]
+    training = [
+        [row["variant"], f"{row['step']}"] + [_number(row.get(c)) for _, c in TRAINING]
+        for row in rows[1:]
+    ]
+    gold = rows[0].get("gold_entities_per_output")
+    return (
+        _table(head, main)
+        + f"\nGold: {_number(gold)} entities per output on these dev inputs.\n\n"
+        + _table(["variant", "step", *(f"{f} P/R" for f in FIELDS)], fields)
+        + "\nTraining stretches (means over the steps before each validation):\n\n"
+        + _table(["variant", "up to step", *(c for _, c in TRAINING)], training)
+    )
+
+
+def curve_series(runs: Mapping[str, Path]) -> dict[str, Series]:
+    """variant -> its logged series, each variant's validation curves starting from the
+    reference's step 0."""
+    reference = read_metrics(runs[REFERENCE])
+    series: dict[str, Series] = {}
+    for variant, run in runs.items():
+        own = dict(read_metrics(run))
+        for key, points in reference.items():
+            if key.startswith("val/") and variant != REFERENCE:
+                own[key] = [p for p in points if p[0] == 0] + list(own.get(key, []))
+        series[variant] = own
+    return series
+
+
+def curves_figure(runs: Mapping[str, Path], path: Path) -> Path | None:
+    """The sweep's training curves, one line per variant (`curve_series`)."""
+    return training_curves(curve_series(runs), "micro_f1", path, panels=PANELS + EXTRA_PANELS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path, help="the ablation sweep's directory")
+    parser.add_argument("--out", type=Path, required=True, help="folder for ablation.md/json/png")
+    args = parser.parse_args(argv)
+    runs = variant_runs(args.sweep)
+    rows = ablation_rows(runs, dev_golds(runs[REFERENCE]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ablation.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    (args.out / "ablation.md").write_text(markdown(rows), encoding="utf-8")
+    curves_figure(runs, args.out / "ablation.png")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
