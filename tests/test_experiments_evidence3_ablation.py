@@ -44,8 +44,9 @@ def sweep(tmp_path):
             (2, "a", conll(person="Ann"), RIGHT),
             (2, "b", conll(location="Oslo"), RIGHT),
         ],
-        "step,train/kl,train/reward_direct,val/dev_reward_direct,val/dev_trained_steps\n"
-        "0,,,-1.5,0\n0,0.2,-1.0,,\n1,0.4,-2.0,,\n1,,,-0.5,2\n",
+        "step,train/kl,train/reward_direct,train/log_valid_mass,train/candidate_tokens,"
+        "val/dev_reward_direct,val/dev_trained_steps\n"
+        "0,,,,,-1.5,0\n0,0.2,-1.0,-4,20,,\n1,0.4,-2.0,,,,\n1,,,,,-0.5,2\n",
     )
     # no_kl at step 2: a fills both fields (person right, location invented), b empty: F1 2/4
     write_run(
@@ -94,3 +95,12 @@ def test_every_variant_s_curves_start_at_the_reference_step_0(sweep, tmp_path):
     assert series["no_kl"]["train/kl"] == [(0, 1.0), (1, 3.0)]  # its own training curves
     path = ablation.curves_figure(runs, tmp_path / "curves.png")
     assert path is not None and path.stat().st_size > 0
+
+
+def test_a_long_run_is_read_in_stretches(sweep):
+    first, second = ablation.stretch_rows(sweep / "0_kl_reward", every=1)
+    assert (first["step"], second["step"]) == ("0–0", "1–1")
+    assert first["KL"] == pytest.approx(0.2) and second["KL"] == pytest.approx(0.4)
+    assert first["log mass / token"] == pytest.approx(-0.2)
+    assert second["log mass on grammar"] is None and second["log mass / token"] is None
+    assert "| 0–0 | 0.20 |" in ablation.stretch_table([first, second])

@@ -113,6 +113,29 @@ def ablation_rows(runs: Mapping[str, Path], golds: Mapping[str, str]) -> list[di
     return rows
 
 
+def stretch_rows(run: Path, every: int) -> list[dict[str, Any]]:
+    """The training columns of a (long) run over stretches of `every` steps, with the mean log
+    mass on the grammar per rollout token; None where a stretch logged nothing of a key."""
+    series = read_metrics(run)
+    last = max((step for step, _ in curve(series, "train/kl")), default=-1)
+    rows = []
+    for start in range(0, last + 1, every):
+        row: dict[str, Any] = {"variant": run.name, "step": f"{start}–{start + every - 1}"}
+        for key, column in TRAINING:
+            row[column] = window_mean(series, key, start, start + every)
+        mass, tokens = row["log mass on grammar"], row["rollout tokens"]
+        row["log mass / token"] = mass / tokens if mass is not None and tokens else None
+        rows.append(row)
+    return rows
+
+
+def stretch_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """`stretch_rows` as a table."""
+    columns = [*(c for _, c in TRAINING), "log mass / token"]
+    lines = [[str(r["step"]), *(_number(r.get(c)) for c in columns)] for r in rows]
+    return _table(["steps", *columns], lines)
+
+
 def _interval(diff: Sequence[float] | None) -> str:
     return "–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
 
@@ -186,14 +209,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path, help="the ablation sweep's directory")
     parser.add_argument("--out", type=Path, required=True, help="folder for ablation.md/json/png")
+    parser.add_argument("--long-run", type=Path, help="a long run to read in stretches too")
+    parser.add_argument("--every", type=int, default=40, help="the long run's stretch, in steps")
     args = parser.parse_args(argv)
     runs = variant_runs(args.sweep)
     rows = ablation_rows(runs, dev_golds(runs[REFERENCE]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ablation.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    (args.out / "ablation.md").write_text(markdown(rows), encoding="utf-8")
+    text = markdown(rows)
+    if args.long_run:
+        long = stretch_rows(args.long_run, args.every)
+        (args.out / "long_run.json").write_text(json.dumps(long, indent=1) + "\n", "utf-8")
+        text += f"\nThe long run `{args.long_run.name}`, by stretches:\n\n" + stretch_table(long)
+    (args.out / "ablation.md").write_text(text, encoding="utf-8")
     curves_figure(runs, args.out / "ablation.png")
-    print(markdown(rows))
+    print(text)
     return 0
 
 
