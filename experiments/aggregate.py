@@ -303,10 +303,10 @@ def aggregate(
         evals = sweep.evaluations()
         untested = sum(run.untested for run in sweep.runs)
         if not evals:
+            why = f"{untested} finished with {NO_TEST}" if untested else "all failed or unfinished?"
             raise AggregationError(
                 f"{', '.join(map(str, dirs))}: {len(sweep.runs)} runs, none "
-                "with a test evaluation (all failed or unfinished?)"
-                + (f"; {untested} finished with {NO_TEST}" if untested else "")
+                f"with a results file of a test evaluation ({why})"
             )
         written = REPORTS[report](evals, out, args)
     listing = out / "runs.md"

@@ -19,7 +19,7 @@ import grammarrl.run
 import grammarrl.runs.rundir
 import grammarrl.training.train
 from experiments import aggregate as agg
-from experiments.runs import load_sweep
+from experiments.runs import AggregationError, load_sweep
 from grammarrl.errors import ConfigError
 from grammarrl.job import validate
 from grammarrl.runs.results import NO_TEST_NOTE, has_test_evaluation, untested_results
@@ -213,5 +213,8 @@ def test_the_aggregator_lists_a_dev_only_run_and_leaves_it_out_of_its_tables(tmp
     assert "missing" not in err
 
     (root / "0_tested" / "results.json").unlink()
-    with pytest.raises(Exception, match="1 finished with no test evaluation"):
+    with pytest.raises(
+        AggregationError,
+        match=r"none with a results file of a test evaluation \(1 finished with no test evaluation",
+    ):
         agg.aggregate("sweep", [root])

@@ -61,7 +61,8 @@ def evaluate_trained(
 ) -> dict[str, dict[str, Any]]:
     """The trained adapter greedily (results.json), and with beam search and the frozen model
     (adapter disabled) when `settings.beam` / `settings.baseline` ask for them, and the
-    dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step."""
+    dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step. Only
+    for `settings.test` (a dev-only run writes `record_untested` instead)."""
     from grammarrl.evaluation.evaluate import evaluate
 
     evaluation, skip = settings.evaluation, settings.skip_completed
