@@ -8,7 +8,8 @@ ablation_rollout, calibration, inference_time, evidence2 (the sweeps by role, in
 experiments/studies/evidence2.py), compare (systems across results files by distinct test set, with
 --reference LABEL and --label LABEL=TEXT; experiments/compare.py). Everything is computed from
 the runs' results files, predictions and logged metrics. Runs without results (failed or
-unfinished jobs) are listed in `runs.md` and on stderr. Output goes to
+unfinished jobs), and dev-only training runs (`train.eval_test=false`: no test evaluation), are
+listed in `runs.md` and on stderr. Output goes to
 `<first SWEEP_DIR>/aggregate/` by default.
 """
 
@@ -23,6 +24,7 @@ from experiments import analysis, compare, figures, paper_tables
 from experiments.runs import (
     BASELINE,
     GRAMMARRL,
+    NO_TEST,
     AggregationError,
     Evaluation,
     Run,
@@ -61,6 +63,8 @@ def runs_listing(
             str(run.path),
         )
         status = "ok" if finished(run) else "**missing**"
+        if finished(run) and run.untested:
+            status = f"ok, {NO_TEST}"
         if not finished(run) and run.failure:
             error = " ".join(run.failure.split()).replace("|", "\\|")[:300]
             status = f"**failed**: {error}"
@@ -297,14 +301,19 @@ def aggregate(
     else:
         finished = Run.finished.fget
         evals = sweep.evaluations()
+        untested = sum(run.untested for run in sweep.runs)
         if not evals:
+            why = f"{untested} finished with {NO_TEST}" if untested else "all failed or unfinished?"
             raise AggregationError(
                 f"{', '.join(map(str, dirs))}: {len(sweep.runs)} runs, none "
-                "with a results file (all failed or unfinished?)"
+                f"with a results file of a test evaluation ({why})"
             )
         written = REPORTS[report](evals, out, args)
     listing = out / "runs.md"
     listing.write_text(runs_listing(sweep.runs, finished, sweep.roots), encoding="utf-8")
+    for run in sweep.runs:
+        if finished(run) and run.untested:
+            print(f"{NO_TEST}: {run.path} ({run.describe()}), in no table", file=sys.stderr)
     missing = [run for run in sweep.runs if not finished(run)]
     for run in missing:
         failure = f": {run.failure}" if run.failure else ""

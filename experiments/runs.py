@@ -5,7 +5,9 @@ one or more results files (`results.json`, `results_beam.json`, `results_baselin
 schema in `grammarrl.runs.results`). Every results file becomes one `Evaluation`: a system
 (the frozen baseline, the GrammarRL adapter, or a search method) decoded one way on the seeded
 test sets. A run without any results file is kept as *missing* (a failed or unfinished job),
-never dropped silently; a job that failed says why in its `failed.json` (`Run.failure`).
+never dropped silently; a job that failed says why in its `failed.json` (`Run.failure`). A
+training run with `train.eval_test=false` (a dev-only run) finished without any test
+evaluation: its results.json holds no scores and becomes no `Evaluation` (`Run.untested`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from grammarrl.runs.results import mean_std, predictions_name
+from grammarrl.runs.results import has_test_evaluation, mean_std, predictions_name
 from grammarrl.runs.rundir import current_names, read_record
 
 RESULTS_GLOB = "results*.json"
 BASELINE = "baseline"
 GRAMMARRL = "grammarrl"
 NO_RESULTS_MODES = ("prepare", "calibrate")  # modes whose output is not a results file
+NO_TEST = "no test evaluation (train.eval_test=false)"  # how listings name a dev-only run
 METRIC_LABELS = {"micro_f1": "micro-F1", "bleu": "BLEU", "hierarchical_f1": "hier. F1"}
 
 
@@ -179,7 +182,19 @@ class Run:
         return f"{record.get('type', 'Error')}: {record.get('error', '')}".strip()
 
     def evaluations(self) -> list[Evaluation]:
-        return [Evaluation(self, p.stem, _read_json(p)) for p in self.results_files]
+        """Its results files that hold a test evaluation (not a dev-only run's results.json)."""
+        records = ((p.stem, _read_json(p)) for p in self.results_files)
+        return [
+            Evaluation(self, stem, record)
+            for stem, record in records
+            if has_test_evaluation(record)
+        ]
+
+    @property
+    def untested(self) -> bool:
+        """It finished without a test evaluation (`train.eval_test=false`: a dev-only run)."""
+        path = self.path / "results.json"
+        return path in self.results_files and not has_test_evaluation(_read_json(path))
 
     @property
     def wall_seconds(self) -> float | None:

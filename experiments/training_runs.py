@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from experiments import analysis
 from experiments.curves import Points, curve
-from experiments.runs import Evaluation, format_number
+from experiments.runs import NO_TEST, Evaluation, format_number
 from grammarrl.export import TRAINED_KEYS
 from grammarrl.training.callbacks import BEST_DEV_RECORD
 
@@ -28,7 +28,8 @@ PENALTY_LABELS = {"reward": " in the reward", "grammar": " in the reward, gramma
 @dataclass(frozen=True)
 class TrainingRun:
     """One mode=train job: its logged curves and, once finished, its greedy test evaluation
-    (results.json), which is reported but never used to choose."""
+    (results.json), which is reported but never used to choose. A dev-only run
+    (`train.eval_test=false`) has none: it is never `finished` here, its status says why."""
 
     run: Run
     series: dict[str, Points]
@@ -90,6 +91,8 @@ class TrainingRun:
     def status(self) -> str:
         if self.finished:
             return "done"
+        if self.run.untested:  # a dev-only run: complete, but no test evaluation to report
+            return f"done, {NO_TEST}"
         return "failed" if self.run.failure else "unfinished"
 
     def selection_key(self) -> tuple[float, float, int, float]:

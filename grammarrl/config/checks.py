@@ -215,6 +215,9 @@ def _check_combinations(cfg: DictConfig, typed: dict[str, Any]) -> None:
             f"reward.{given} is set alone: set both σ's by hand, or neither (the calibration "
             "file, the task's table or a calibration then gives both)"
         )
+    # a dev-only training run draws no test set: no test evaluation of any kind
+    if cfg.mode == "train":
+        _check_eval_test(typed["train"])
     # eval.adapter belongs to the modes that load it
     _check_adapter(cfg.mode, typed["eval"].adapter)
     _check_devices(cfg)  # trainer.accelerator against device
@@ -239,6 +242,21 @@ def _check_init_adapter(adapter: Path, lora: Any) -> None:
             f"lora.{key}",
             lora[key],
             f"{saved.get(name)}, the shape of train.init_adapter={adapter} (set lora.{key} to it)",
+        )
+
+
+TEST_EVALUATIONS = ("eval_beam", "eval_baseline", "eval_best_dev")  # train.*: on the test sets
+
+
+def _check_eval_test(train: Any) -> None:
+    """`train.eval_test=false` (a dev-only run) refuses the other test evaluations after
+    training (`TEST_EVALUATIONS`) left on: it draws no test set to evaluate them on."""
+    on = [f"train.{name}=true" for name in TEST_EVALUATIONS if train[name]]
+    if not train.eval_test and on:
+        raise ConfigError(
+            f"train.eval_test=false contradicts {', '.join(on)}: a run with "
+            "train.eval_test=false draws no test set, and those are test evaluations; set "
+            "them to false, or train.eval_test=true"
         )
 
 

@@ -77,6 +77,14 @@ class TrainSchema:
         role=BOOKKEEPING,
         modes=NOT_DIAGNOSE,
     )
+    eval_test: bool = key(
+        "After training, evaluate on the test sets; false: a dev-only run, the test sets are "
+        "never drawn and results.json says no test evaluation ran (refused with "
+        "train.eval_beam, eval_baseline or eval_best_dev true).",
+        role=CONTINUABLE,
+        modes=NOT_DIAGNOSE,
+        recorded_default=True,
+    )
     eval_baseline: bool = key(
         "After training, also evaluate the frozen model and write the frozen-vs-trained summary.",
         role=CONTINUABLE,

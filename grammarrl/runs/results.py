@@ -9,6 +9,11 @@ the task's per-example scores. `std` is the sample standard deviation over test 
 0 for a single set). `validity` is the fraction of outputs that ended with end-of-turn in an
 accepting grammar state and parse under the task; `truncated` the fraction cut at
 max_new_tokens.
+
+A training run with `train.eval_test=false` (a dev-only run) makes no test evaluation: its
+`results.json` (`untested_results`) still marks it complete, and holds task, model,
+`eval_test: false`, an empty `evaluations`, a `note` saying so, the run's own fields and config,
+but no metric or scores; `has_test_evaluation` tells such a record apart.
 """
 
 from __future__ import annotations
@@ -105,9 +110,38 @@ def build_results(
         "examples_per_second": float(examples_per_second),
     }
     record.update(extra)
+    return _stamped(record, config)
+
+
+def _stamped(record: dict[str, Any], config: DictConfig | Mapping[str, Any] | None) -> dict:
+    """The record with its creation time (unless given) and the run's config, last."""
     record.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S"))
     record["config"] = config_dict(config)
     return record
+
+
+NO_TEST_NOTE = "no test evaluation was run (train.eval_test=false): no test set was drawn"
+
+
+def untested_results(
+    *, task: str, model: str, config: DictConfig | Mapping[str, Any] | None, **extra: Any
+) -> dict[str, Any]:
+    """The results record of a run that made no test evaluation (module docstring): `extra`
+    (a training run's last step, adapter, dev-best step) kept after the fixed keys."""
+    record: dict[str, Any] = {
+        "task": task,
+        "model": model,
+        "eval_test": False,
+        "evaluations": {},
+        "note": NO_TEST_NOTE,
+        **extra,
+    }
+    return _stamped(record, config)
+
+
+def has_test_evaluation(record: Mapping[str, Any]) -> bool:
+    """Whether a results record holds a test evaluation (false: `untested_results`)."""
+    return record.get("eval_test", True) is not False
 
 
 def predictions_name(name: str) -> str:

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig
 
 from grammarrl.errors import ConfigError
-from grammarrl.runs.results import config_dict, predictions_name
+from grammarrl.runs.results import config_dict, has_test_evaluation, predictions_name
 
 TRACKED_MODES = ("train", "eval", "search", "calibrate")
 DEFAULT_HOST = "https://api.wandb.ai"
@@ -155,7 +155,10 @@ def results_summary(result: Mapping[str, Any]) -> dict[str, Any]:
 
 def results_records(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The results records of a mode's return value (train returns several, keyed by
-    evaluation; eval and search return one)."""
+    evaluation; eval and search return one; a dev-only training run, which made no test
+    evaluation, none: `has_test_evaluation`)."""
+    if not has_test_evaluation(result):
+        return []
     if "metric" in result:
         return [result]
     return [v for v in result.values() if isinstance(v, Mapping) and "metric" in v]

@@ -14,7 +14,6 @@ from omegaconf import DictConfig
 
 from grammarrl.config.checks import device_type
 from grammarrl.errors import GrammarRLError
-from grammarrl.evaluation.settings import TestSetSpec
 from grammarrl.evaluation.summary import write_summary
 from grammarrl.evaluation.test_sets import test_examples
 from grammarrl.models.loading import add_lora, load_adapter, load_model
@@ -34,7 +33,11 @@ from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
 from grammarrl.training.module import GrammarRLModule
 from grammarrl.training.resume import Resume, merge_metrics, prepare_run_dir, resolve_resume
 from grammarrl.training.settings import StepSettings
-from grammarrl.training.trained_eval import TrainedEvalSettings, evaluate_trained
+from grammarrl.training.trained_eval import (
+    TrainedEvalSettings,
+    evaluate_trained,
+    record_untested,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +154,9 @@ def build_trainer(
 
 
 def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find") -> dict[str, Any]:
-    """Calibrate-if-needed, train, save the adapter, evaluate on the seeded test sets. `resume`:
-    the checkpoint the job's pre-flight check found (`resolve_resume`), by default found here."""
+    """Calibrate-if-needed, train, save the adapter, evaluate on the seeded test sets (a
+    dev-only run, `train.eval_test=false`, draws none: `record_untested`). `resume`: the
+    checkpoint the job's pre-flight check found (`resolve_resume`), by default found here."""
     from grammarrl.tasks import load_task
 
     L.seed_everything(cfg.train.seed, workers=True)
@@ -161,7 +165,9 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
         resume = resolve_resume(out, cfg.train.resume, cfg.trainer.max_steps, config_dict(cfg))
     prepare_run_dir(out, resume)
     task = load_task(cfg)
-    test_examples(TestSetSpec.from_config(cfg), task)  # an empty pool fails now, not in hours
+    testing = TrainedEvalSettings.from_config(cfg)
+    if testing.test:  # an empty test pool fails now, not in hours
+        test_examples(testing.evaluation.test_sets, task)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     sigmas = resolve_sigmas(CalibrationSettings.from_config(cfg), model, tokenizer, task, resume)
     init = cfg.train.init_adapter
@@ -193,8 +199,11 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
     policy.save_pretrained(adapter)
     _save_samples(trainer, module.samples, out)
     write_jsonl(out / "validation.jsonl", module.validation_rows)
+    if not testing.test:
+        record = record_untested(testing, task, out, adapter, best_dev.best, trainer.global_step)
+        print(f"\nNo test evaluation was run (train.eval_test=false). Wrote {record['path']}")
+        return record
     best = best_dev.best if cfg.train.eval_best_dev else None
-    testing = TrainedEvalSettings.from_config(cfg)
     results = evaluate_trained(
         testing, policy, tokenizer, task, out, adapter, best, trainer.global_step
     )

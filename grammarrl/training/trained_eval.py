@@ -1,7 +1,9 @@
 """The test evaluations at the end of a training run: the last step's adapter greedily
 (results.json, written last: it marks the run complete), optionally with beam search, the
 frozen model, and the adapter of the step with the best dev metric. A run interrupted between
-them evaluates, when restarted, only what it had not written yet."""
+them evaluates, when restarted, only what it had not written yet. A dev-only run
+(`train.eval_test=false`) draws no test set: its results.json marks it complete and says that
+no test evaluation was run (`record_untested`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from omegaconf import DictConfig
 from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.models.loading import reference_mode, resolve_device
 from grammarrl.runs.atomic import write_json
-from grammarrl.runs.results import adapter_name
+from grammarrl.runs.results import adapter_name, untested_results
 from grammarrl.training.callbacks import BEST_DEV_RECORD
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,7 @@ class TrainedEvalSettings:
 
     evaluation: EvalSettings
     device: str  # device: where the policy evaluates (Lightning's teardown leaves it on the CPU)
+    test: bool  # train.eval_test: evaluate on the test sets at all (false: a dev-only run)
     beam: bool  # train.eval_beam: also with beam search (results_beam.json)
     baseline: bool  # train.eval_baseline: also the frozen model (results_baseline.json)
     skip_completed: bool  # keep the evaluations a restarted run wrote before (`stored_result`)
@@ -39,6 +42,7 @@ class TrainedEvalSettings:
         return cls(
             evaluation=EvalSettings.from_config(cfg),
             device=cfg.device,
+            test=bool(cfg.train.eval_test),
             beam=bool(cfg.train.eval_beam),
             baseline=bool(cfg.train.eval_baseline),
             skip_completed=bool(cfg.skip_completed),
@@ -57,7 +61,8 @@ def evaluate_trained(
 ) -> dict[str, dict[str, Any]]:
     """The trained adapter greedily (results.json), and with beam search and the frozen model
     (adapter disabled) when `settings.beam` / `settings.baseline` ask for them, and the
-    dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step."""
+    dev-best step's adapter when `best_dev` (`BestDevAdapter.best`) names another step. Only
+    for `settings.test` (a dev-only run writes `record_untested` instead)."""
     from grammarrl.evaluation.evaluate import evaluate
 
     evaluation, skip = settings.evaluation, settings.skip_completed
@@ -83,6 +88,31 @@ def evaluate_trained(
         evaluation, policy, tokenizer, task, "greedy", out, name="results", adapter=adapter
     )
     return {"greedy": greedy, **results}
+
+
+def record_untested(
+    settings: TrainedEvalSettings,
+    task: Any,
+    out: Path,
+    adapter: Path,
+    best_dev: dict[str, Any] | None,
+    final_step: int,
+) -> dict[str, Any]:
+    """results.json of a dev-only run (`train.eval_test=false`), written in place of every test
+    evaluation: it marks the run complete (a re-run is skipped) and records that no test
+    evaluation was run (`untested_results`), with the last step, its adapter and the dev-best
+    step (`best_dev`: `BestDevAdapter.best`, None when no validation after a step kept one)."""
+    record = untested_results(
+        task=task.name,
+        model=settings.evaluation.model,
+        config=settings.evaluation.config,
+        final_step=final_step,
+        adapter=adapter_name(adapter),
+        best_dev=best_dev,
+    )
+    path = write_json(out / "results.json", record)
+    log.info("train.eval_test=false: no test evaluation; wrote %s", path)
+    return {**record, "path": str(path)}
 
 
 def evaluate_best_dev(
