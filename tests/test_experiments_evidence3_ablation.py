@@ -104,3 +104,19 @@ def test_a_long_run_is_read_in_stretches(sweep):
     assert first["log mass / token"] == pytest.approx(-0.2)
     assert second["log mass on grammar"] is None and second["log mass / token"] is None
     assert "| 0–0 | 0.20 |" in ablation.stretch_table([first, second])
+
+
+def test_step_0_can_come_from_another_run(sweep, tmp_path):
+    # a continuation: step 0 is another run's (here both outputs right: F1 1)
+    start = write_run(
+        tmp_path / "pilot",
+        [(0, "a", conll(person="Ann"), RIGHT), (0, "b", conll(location="Oslo"), RIGHT)],
+        "step,val/dev_reward_direct,val/dev_trained_steps\n0,-0.25,0\n",
+    )
+    runs = ablation.variant_runs(sweep)
+    first, _, variant = ablation.ablation_rows(runs, GOLDS, start)
+    assert first["dev_micro_f1"] == 1.0 and first["dev R_direct"] == -0.25
+    assert variant["vs_step_0"][0] == pytest.approx(-0.5)  # 0.5 against the start's 1.0
+    assert ablation.curve_series(runs, start)["kl_reward"]["val/dev_reward_direct"][0] == (0, -0.25)
+    with pytest.raises(AggregationError, match="no dev record at step 0"):
+        ablation.ablation_rows(runs, GOLDS, sweep / "1_no_kl")

@@ -4,7 +4,8 @@ The ablation sweep (`conf/experiment/evidence3_ablation_cpu.yaml`) trains one va
 Evidence II's setting per job from the frozen model and validates each on the same dev inputs
 at the same steps; only the reference variant (`kl_reward`, Evidence II's own) validates at
 step 0, which is every variant's step 0 (the frozen model, the same inputs in the same batches).
-Per variant and validation step: dev micro-F1, its paired difference from step 0 and from the
+(A continuation sweep, `evidence3_continue_cpu.yaml`, starts every variant from one adapter
+and takes step 0 from another run's record: `--step-0`.) Per variant and validation step: dev micro-F1, its paired difference from step 0 and from the
 reference at the same step (95% bootstrap intervals over the shared dev inputs), precision and
 recall per field and over all fields, entities per output (gold's too), the frozen model's
 rewards of the greedy outputs; per stretch of training before it, the means of the logged
@@ -84,14 +85,21 @@ def _row(
     }
 
 
-def ablation_rows(runs: Mapping[str, Path], golds: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Step 0 (the reference's), then one row per variant and later validation step (module
-    docstring); a step the reference has not reached gets no difference from it."""
+def ablation_rows(
+    runs: Mapping[str, Path], golds: Mapping[str, str], start: Path | None = None
+) -> list[dict[str, Any]]:
+    """Step 0, then one row per variant and later validation step (module docstring); a step
+    the reference has not reached gets no difference from it. `start`: the run directory (or
+    results folder) whose dev record holds step 0, by default the reference's."""
     reference = runs[REFERENCE]
+    start = start or reference
     ref_steps = _by_step(reference)
-    rows = [_row("frozen (step 0)", 0, ref_steps[0], golds)]
+    start_records = _by_step(start).get(0)
+    if not start_records:
+        raise AggregationError(f"{start}: no dev record at step 0 (validation.jsonl)")
+    rows = [_row("step 0", 0, start_records, golds)]
     rows[0]["gold_entities_per_output"] = entities_per_output(
-        [{"gold": golds[r["uid"]]} for r in ref_steps[0]], key="gold"
+        [{"gold": golds[r["uid"]]} for r in start_records], key="gold"
     )
     for variant, run in runs.items():
         series = read_metrics(run)
@@ -99,7 +107,7 @@ def ablation_rows(runs: Mapping[str, Path], golds: Mapping[str, str]) -> list[di
         previous = 0
         for step, records in steps:
             row = _row(variant, step, records, golds)
-            row["vs_step_0"] = paired_dev_interval(run, reference, step, 0)
+            row["vs_step_0"] = paired_dev_interval(run, start, step, 0)
             same = variant != REFERENCE and step in ref_steps
             row["vs_reference"] = paired_dev_interval(run, reference, step, step) if same else None
             for key, column in VALIDATION:
@@ -108,8 +116,8 @@ def ablation_rows(runs: Mapping[str, Path], golds: Mapping[str, str]) -> list[di
                 row[column] = window_mean(series, key, previous, step)
             rows.append(row)
             previous = step
-    for key, column in VALIDATION:  # step 0's, as the reference logged it
-        rows[0][column] = dict(curve(read_metrics(reference), key)).get(0)
+    for key, column in VALIDATION:  # step 0's, as its run logged it
+        rows[0][column] = dict(curve(read_metrics(start), key)).get(0)
     return rows
 
 
@@ -186,34 +194,37 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def curve_series(runs: Mapping[str, Path]) -> dict[str, Series]:
-    """variant -> its logged series, each variant's validation curves starting from the
-    reference's step 0."""
-    reference = read_metrics(runs[REFERENCE])
+def curve_series(runs: Mapping[str, Path], start: Path | None = None) -> dict[str, Series]:
+    """variant -> its logged series, each variant's validation curves starting from step 0 as
+    `start` (default: the reference) logged it."""
+    start = start or runs[REFERENCE]
+    first = read_metrics(start)
     series: dict[str, Series] = {}
     for variant, run in runs.items():
         own = dict(read_metrics(run))
-        for key, points in reference.items():
-            if key.startswith("val/") and variant != REFERENCE:
+        for key, points in first.items():
+            if key.startswith("val/") and run != start:
                 own[key] = [p for p in points if p[0] == 0] + list(own.get(key, []))
         series[variant] = own
     return series
 
 
-def curves_figure(runs: Mapping[str, Path], path: Path) -> Path | None:
+def curves_figure(runs: Mapping[str, Path], path: Path, start: Path | None = None) -> Path | None:
     """The sweep's training curves, one line per variant (`curve_series`)."""
-    return training_curves(curve_series(runs), "micro_f1", path, panels=PANELS + EXTRA_PANELS)
+    series = curve_series(runs, start)
+    return training_curves(series, "micro_f1", path, panels=PANELS + EXTRA_PANELS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path, help="the ablation sweep's directory")
     parser.add_argument("--out", type=Path, required=True, help="folder for ablation.md/json/png")
+    parser.add_argument("--step-0", type=Path, help="where step 0 is (default: the reference)")
     parser.add_argument("--long-run", type=Path, help="a long run to read in stretches too")
     parser.add_argument("--every", type=int, default=40, help="the long run's stretch, in steps")
     args = parser.parse_args(argv)
     runs = variant_runs(args.sweep)
-    rows = ablation_rows(runs, dev_golds(runs[REFERENCE]))
+    rows = ablation_rows(runs, dev_golds(runs[REFERENCE]), args.step_0)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ablation.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     text = markdown(rows)
@@ -222,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / "long_run.json").write_text(json.dumps(long, indent=1) + "\n", "utf-8")
         text += f"\nThe long run `{args.long_run.name}`, by stretches:\n\n" + stretch_table(long)
     (args.out / "ablation.md").write_text(text, encoding="utf-8")
-    curves_figure(runs, args.out / "ablation.png")
+    curves_figure(runs, args.out / "ablation.png", args.step_0)
     print(text)
     return 0
 
