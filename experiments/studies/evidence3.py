@@ -17,7 +17,7 @@ import argparse
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.curves import Series, curve
 from experiments.dev_selection import dev_records, paired_dev_interval
@@ -25,6 +25,10 @@ from experiments.intervals import counts_of, micro_f1
 from experiments.outputs import field_statistics
 from grammarrl.evaluation.curves import read_metrics
 from grammarrl.tasks.conll import FIELDS, output_fields
+from grammarrl.types import Example
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 TRAINING = (  # (logged key, column): means over the steps since the previous validation
     ("train/ess", "ESS"),
@@ -33,16 +37,31 @@ TRAINING = (  # (logged key, column): means over the steps since the previous va
 )
 
 
-def dev_golds(run: Path) -> dict[str, str]:
-    """uid -> gold output of the run's dev inputs, from its task composed as the run was."""
+def run_config(run: Path) -> DictConfig:
+    """The job config a run (or a committed copy of its files) was composed from, by its
+    overrides (`.hydra/overrides.yaml`, else `overrides.yaml`)."""
     from omegaconf import OmegaConf
 
     from grammarrl.job import compose_job_config
+
+    path = run / ".hydra" / "overrides.yaml"
+    overrides = OmegaConf.to_container(
+        OmegaConf.load(path if path.is_file() else run / "overrides.yaml")
+    )
+    return compose_job_config([str(o) for o in overrides])
+
+
+def dev_examples(run: Path) -> dict[str, Example]:
+    """uid -> the run's dev inputs (its dev split, then the dev reserve), from its task."""
     from grammarrl.tasks import load_task
 
-    overrides = OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "overrides.yaml"))
-    splits = load_task(compose_job_config([str(o) for o in overrides])).splits()
-    return {ex.uid: ex.target for ex in splits.dev + splits.dev_reserve}
+    splits = load_task(run_config(run)).splits()
+    return {ex.uid: ex for ex in splits.dev + splits.dev_reserve}
+
+
+def dev_golds(run: Path) -> dict[str, str]:
+    """uid -> gold output of the run's dev inputs, from its task composed as the run was."""
+    return {uid: ex.target for uid, ex in dev_examples(run).items()}
 
 
 def window_mean(series: Series, key: str, after: int, upto: int) -> float | None:
