@@ -62,3 +62,16 @@ def test_span_rows_pay_each_term_full_minus_emptied_and_split_right_from_wrong()
     assert "| wrong | 1 | -0.050 | -1.000 | -0.100 | -1.150 | 0.00 | 0.00 |" in spans.markdown(
         found
     )
+
+
+def test_by_lambda_re_weighs_the_same_spans():
+    # run's weights: λ=0.5, σ's (1, 0.25): direct 0.5, reverse 2; raw ΔR_direct +1, ΔR_reverse −0.2
+    wrong = {"right": False, "direct": 0.5, "reverse": -0.4, "kl": 0.1}
+    right = {"right": True, "direct": -0.5, "reverse": 2.0, "kl": -0.1}
+    weights = {"direct": 0.5, "reverse": 2.0}
+    direct_only, reverse_only = spans.by_lambda([wrong, right], weights, (1.0, 0.25), (0.0, 1.0))
+    assert direct_only["wrong kept without KL"] == 1.0 and direct_only["wrong kept"] == 1.0
+    assert direct_only["right kept without KL"] == 0.0  # −1 from the direct reward
+    assert reverse_only["wrong kept without KL"] == 0.0 and reverse_only["wrong kept"] == 0.0
+    assert reverse_only["right kept"] == 1.0  # 4·1 − 0.1
+    assert "| 1.00 | 1.00 | 1.00 | 0.00 | 0.00 |" in spans.lambda_markdown([reverse_only])

@@ -15,7 +15,12 @@ keep.
 
     python -m experiments.studies.evidence3_spans experiments/results/evidence3-pilot --step 0 \\
         --adapter experiments/results/smollm2-cpu-2/adapter-lambda0.75-kl-reward-360steps \\
-        --out experiments/results/evidence3-spans
+        --out experiments/results/evidence3-spans/adapter-360
+    python -m experiments.studies.evidence3_spans --report --out experiments/results/evidence3-spans/adapter-360
+
+Without --adapter the frozen model is the policy (its KL term is 0). The report also re-weighs
+the same spans for other λ (`by_lambda`): which spans the reward itself prefers to keep at each
+mixing, at this adapter's outputs (not what training at that λ would produce).
 """
 
 from __future__ import annotations
@@ -62,20 +67,24 @@ def payments(scores: Mapping[str, torch.Tensor], weights: Mapping[str, float]) -
 
 
 def score_variants(
-    policy: torch.nn.Module, tokenizer: Any, scorer: ReferenceScorer, example: Example, texts
+    policy: torch.nn.Module | None, tokenizer: Any, scorer: ReferenceScorer, example: Example, texts
 ) -> dict[str, torch.Tensor]:
-    """R_direct, R_reverse, log π_ref and log π_θ of each text (`policy` with its adapter)."""
+    """R_direct, R_reverse, log π_ref and log π_θ of each text (`policy` with its adapter;
+    None: the frozen model is the policy, log π_θ = log π_ref)."""
     prompt = encode_prompt(tokenizer, scorer.task.forward_messages(example))
     stop = end_of_turn_id(tokenizer)
     ids = [tokenizer.encode(t, add_special_tokens=False) + [stop] for t in texts]
     ref = scorer.score(example, prompt, ids, list(texts))
-    with torch.no_grad():
-        own = sequence_logprobs(policy, [prompt + c for c in ids], [len(prompt)] * len(ids))
+    own = ref.ref_logp
+    if policy is not None:
+        with torch.no_grad():
+            logps = sequence_logprobs(policy, [prompt + c for c in ids], [len(prompt)] * len(ids))
+        own = torch.stack([lp.sum() for lp in logps])
     return {
         "direct": ref.direct.float(),
         "reverse": ref.reverse.float(),
         "ref_logp": ref.ref_logp.float(),
-        "policy_logp": torch.stack([lp.sum() for lp in own]).float(),
+        "policy_logp": own.float(),
     }
 
 
@@ -125,6 +134,39 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def by_lambda(
+    rows: Sequence[Mapping[str, Any]],
+    weights: Mapping[str, float],
+    sigmas: tuple[float, float],
+    lambdas: Sequence[float],
+) -> list[dict[str, float]]:
+    """Per λ: the share of right and of wrong spans the reward (without and with the run's KL
+    term) prefers to keep, at the same outputs and adapter: the rows' terms re-weighted,
+    (1−λ)/σ_direct and λ/σ_reverse in place of the run's `weights`."""
+    out = []
+    for lam in lambdas:
+        new = {"direct": (1 - lam) / sigmas[0], "reverse": lam / sigmas[1]}
+        row: dict[str, float] = {"lambda": lam}
+        for name, right in (("right", True), ("wrong", False)):
+            chosen = [r for r in rows if r["right"] == right]
+            paid = [sum(r[t] * new[t] / weights[t] for t in new) for r in chosen]
+            n = max(len(chosen), 1)
+            row[f"{name} kept without KL"] = sum(p > 0 for p in paid) / n
+            row[f"{name} kept"] = sum(p + r["kl"] > 0 for p, r in zip(paid, chosen)) / n
+        out.append(row)
+    return out
+
+
+def lambda_markdown(table: Sequence[Mapping[str, float]]) -> str:
+    """`by_lambda` as a table."""
+    head = ["λ", "right kept", "right kept without KL", "wrong kept", "wrong kept without KL"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table:
+        cells = [f"{row['lambda']:.2f}"] + [f"{row[h]:.2f}" for h in head[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(found: Mapping[str, Mapping[str, float]]) -> str:
     """`summary` as a table."""
     lines = ["| split | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
@@ -135,46 +177,72 @@ def markdown(found: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="a run directory (or its committed files)")
-    parser.add_argument("--step", type=int, help="the validation step (default: the last)")
-    parser.add_argument("--adapter", type=Path, required=True, help="the policy's adapter")
-    parser.add_argument("--out", type=Path, required=True, help="folder for spans.md/jsonl/json")
-    parser.add_argument("--limit", type=int, help="only the first N outputs (a smoke run)")
-    args = parser.parse_args(argv)
+LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def report(out: Path) -> str:
+    """spans.md from a scored folder's spans.jsonl and spans.json: the summary, and the shares
+    kept by λ (the run's σ's and β, from its config)."""
+    settings = json.loads((out / "spans.json").read_text(encoding="utf-8"))["settings"]
+    rows = [json.loads(line) for line in (out / "spans.jsonl").read_text("utf-8").splitlines()]
+    cfg = run_config(Path(settings["run"]))
+    weights = {t: settings[t] for t in ("direct", "reverse")}
+    sigmas = (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    text = markdown(summary(rows)) + "\nShares kept by λ (the same outputs, re-weighted):\n\n"
+    text += lambda_markdown(by_lambda(rows, weights, sigmas, LAMBDAS))
+    (out / "spans.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def score_run(run: Path, step: int | None, adapter: Path | None, limit: int | None, out: Path):
+    """Score every span of the run's dev outputs at `step` (module docstring) into `out`:
+    spans.jsonl (one row per span) and spans.json (settings, summary)."""
     from tqdm.auto import tqdm
 
     from grammarrl.models.loading import load_adapter, load_model
     from grammarrl.tasks import load_task
 
-    cfg = run_config(args.run)
+    cfg = run_config(run)
     task = load_task(cfg)
-    examples = dev_examples(args.run)
+    examples = dev_examples(run)
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
-    policy = load_adapter(model, args.adapter)
-    policy.eval()
-    scorer = ReferenceScorer(policy, tokenizer, task)
+    policy = load_adapter(model, adapter).eval() if adapter is not None else None
+    scorer = ReferenceScorer(policy if policy is not None else model, tokenizer, task)
     sigma = (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
     weights = {"direct": (1 - cfg["lambda"]) / sigma[0], "reverse": cfg["lambda"] / sigma[1]}
     weights["beta"] = cfg.beta
-    records = dev_rows(args.run, args.step)[: args.limit]
+    records = dev_rows(run, step)[:limit]
 
     def score(record, texts):
         return score_variants(policy, tokenizer, scorer, examples[record["uid"]], texts)
 
     golds = {uid: ex.target for uid, ex in examples.items()}
     rows = span_rows(tqdm(records, desc="dev outputs", unit="ex"), score, weights, golds)
-    found = summary(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "spans.jsonl", "w", encoding="utf-8") as f:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "spans.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    meta = {"run": str(args.run), "step": args.step, "adapter": str(args.adapter), **weights}
+    meta = {"run": str(run), "step": step, "adapter": str(adapter), **weights}
     meta["outputs"] = len(records)
-    text = json.dumps({"settings": meta, "summary": found}, indent=1)
-    (args.out / "spans.json").write_text(text + "\n", encoding="utf-8")
-    (args.out / "spans.md").write_text(markdown(found), encoding="utf-8")
-    print(markdown(found))
+    text = json.dumps({"settings": meta, "summary": summary(rows)}, indent=1)
+    (out / "spans.json").write_text(text + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, nargs="?", help="a run directory (or its files)")
+    parser.add_argument("--step", type=int, help="the validation step (default: the last)")
+    parser.add_argument(
+        "--adapter", type=Path, help="the policy's adapter (none: the frozen model)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder for spans.md/jsonl/json")
+    parser.add_argument("--limit", type=int, help="only the first N outputs (a smoke run)")
+    parser.add_argument("--report", action="store_true", help="only rewrite spans.md from --out")
+    args = parser.parse_args(argv)
+    if not args.report:
+        if args.run is None:
+            parser.error("a run directory is needed to score (or --report)")
+        score_run(args.run, args.step, args.adapter, args.limit, args.out)
+    print(report(args.out))
     return 0
 
 
