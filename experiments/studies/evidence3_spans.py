@@ -221,7 +221,7 @@ def score_run(run: Path, step: int | None, adapter: Path | None, limit: int | No
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "spans.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    meta = {"run": str(run), "step": step, "adapter": str(adapter), **weights}
+    meta = {"run": str(run), "step": step, "adapter": str(adapter) if adapter else None, **weights}
     meta["outputs"] = len(records)
     text = json.dumps({"settings": meta, "summary": summary(rows)}, indent=1)
     (out / "spans.json").write_text(text + "\n", encoding="utf-8")
