@@ -70,25 +70,35 @@ def window_mean(series: Series, key: str, after: int, upto: int) -> float | None
     return sum(values) / len(values) if values else None
 
 
-def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
-    """One row per validation step of the run's dev record (module docstring)."""
+def records_by_step(run: Path) -> dict[int, list[dict[str, Any]]]:
+    """The run's dev records grouped by validation step, in the order it validated."""
     by_step: dict[int, list[dict[str, Any]]] = {}
     for record in dev_records(run):
         by_step.setdefault(record["step"], []).append(record)
+    return by_step
+
+
+def dev_summary(records: Sequence[Mapping[str, Any]], golds: Mapping[str, str]) -> dict[str, Any]:
+    """What one validation's dev records hold: inputs, micro-F1, per-field P/R, entities."""
+    return {
+        "inputs": len(records),
+        "dev_micro_f1": float(micro_f1(counts_of([r["scores"] for r in records]).sum(0))),
+        "fields": field_statistics(records, FIELDS, output_fields, golds),
+        "entities_per_output": entities_per_output(records),
+    }
+
+
+def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One row per validation step of the run's dev record (module docstring)."""
+    by_step = records_by_step(run)
     steps = sorted(by_step)
     series = read_metrics(run)
     rows = []
     for i, step in enumerate(steps):
-        records = by_step[step]
-        found = field_statistics(records, FIELDS, output_fields, golds)
-        diff = paired_dev_interval(run, run, step, steps[0]) if i else None
         row = {
             "step": step,
-            "inputs": len(records),
-            "dev_micro_f1": float(micro_f1(counts_of([r["scores"] for r in records]).sum(0))),
-            "difference": diff,
-            "fields": found,
-            "entities_per_output": entities_per_output(records),
+            **dev_summary(by_step[step], golds),
+            "difference": paired_dev_interval(run, run, step, steps[0]) if i else None,
             "forward_passes": dict(curve(series, "train/forward_passes")).get(step - 1),
         }
         for key, column in TRAINING:

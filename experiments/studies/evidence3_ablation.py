@@ -26,12 +26,16 @@ from typing import Any
 
 from experiments.curves import PANELS, Series, curve, training_curves
 from experiments.dev_selection import dev_records, paired_dev_interval
-from experiments.intervals import counts_of, micro_f1
-from experiments.outputs import field_statistics
 from experiments.runs import AggregationError
-from experiments.studies.evidence3 import dev_golds, entities_per_output, window_mean
+from experiments.studies.evidence3 import (
+    dev_golds,
+    dev_summary,
+    entities_per_output,
+    records_by_step,
+    window_mean,
+)
 from grammarrl.evaluation.curves import read_metrics
-from grammarrl.tasks.conll import FIELDS, output_fields
+from grammarrl.tasks.conll import FIELDS
 
 REFERENCE = "kl_reward"  # Evidence II's setting; the sweep's only job validating at step 0
 JOB = re.compile(r"^(\d+)_(.+)$")  # the sweep's subdir: <job number>_<variant>
@@ -65,24 +69,10 @@ def variant_runs(sweep: Path) -> dict[str, Path]:
     return runs
 
 
-def _by_step(run: Path) -> dict[int, list[dict[str, Any]]]:
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for record in dev_records(run):
-        by_step.setdefault(record["step"], []).append(record)
-    return by_step
-
-
 def _row(
     variant: str, step: int, records: list[dict[str, Any]], golds: Mapping[str, str]
 ) -> dict[str, Any]:
-    return {
-        "variant": variant,
-        "step": step,
-        "inputs": len(records),
-        "dev_micro_f1": float(micro_f1(counts_of([r["scores"] for r in records]).sum(0))),
-        "fields": field_statistics(records, FIELDS, output_fields, golds),
-        "entities_per_output": entities_per_output(records),
-    }
+    return {"variant": variant, "step": step, **dev_summary(records, golds)}
 
 
 def ablation_rows(
@@ -93,8 +83,8 @@ def ablation_rows(
     results folder) whose dev record holds step 0, by default the reference's."""
     reference = runs[REFERENCE]
     start = start or reference
-    ref_steps = _by_step(reference)
-    start_records = _by_step(start).get(0)
+    ref_steps = records_by_step(reference)
+    start_records = records_by_step(start).get(0)
     if not start_records:
         raise AggregationError(f"{start}: no dev record at step 0 (validation.jsonl)")
     rows = [_row("step 0", 0, start_records, golds)]
@@ -103,7 +93,7 @@ def ablation_rows(
     )
     for variant, run in runs.items():
         series = read_metrics(run)
-        steps = sorted(s for s in _by_step(run).items() if s[0] > 0)
+        steps = sorted(s for s in records_by_step(run).items() if s[0] > 0)
         previous = 0
         for step, records in steps:
             row = _row(variant, step, records, golds)

@@ -54,6 +54,11 @@ def variants(prediction: str) -> list[tuple[str | None, str]]:
     return out
 
 
+def term_weights(lam: float, sigmas: tuple[float, float]) -> dict[str, float]:
+    """The reward's weights of R_direct and R_reverse: (1−λ)/σ_direct and λ/σ_reverse."""
+    return {"direct": (1 - lam) / sigmas[0], "reverse": lam / sigmas[1]}
+
+
 def payments(scores: Mapping[str, torch.Tensor], weights: Mapping[str, float]) -> torch.Tensor:
     """[variants, terms]: each variant's direct, reverse and KL term of the shaped reward."""
     return torch.stack(
@@ -145,7 +150,7 @@ def by_lambda(
     (1−λ)/σ_direct and λ/σ_reverse in place of the run's `weights`."""
     out = []
     for lam in lambdas:
-        new = {"direct": (1 - lam) / sigmas[0], "reverse": lam / sigmas[1]}
+        new = term_weights(lam, sigmas)
         row: dict[str, float] = {"lambda": lam}
         for name, right in (("right", True), ("wrong", False)):
             chosen = [r for r in rows if r["right"] == right]
@@ -208,9 +213,8 @@ def score_run(run: Path, step: int | None, adapter: Path | None, limit: int | No
     model, tokenizer = load_model(cfg.model, cfg.cache_dir, cfg.device)
     policy = load_adapter(model, adapter).eval() if adapter is not None else None
     scorer = ReferenceScorer(policy if policy is not None else model, tokenizer, task)
-    sigma = (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
-    weights = {"direct": (1 - cfg["lambda"]) / sigma[0], "reverse": cfg["lambda"] / sigma[1]}
-    weights["beta"] = cfg.beta
+    sigmas = (cfg.reward.sigma_direct, cfg.reward.sigma_reverse)
+    weights = {**term_weights(cfg["lambda"], sigmas), "beta": cfg.beta}
     records = dev_rows(run, step)[:limit]
 
     def score(record, texts):
