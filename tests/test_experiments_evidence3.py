@@ -8,13 +8,7 @@ import json
 import pytest
 
 from experiments.studies import evidence3
-
-
-def conll(person: str = "", location: str = "") -> str:
-    return json.dumps({"person": person, "organization": "", "location": location, "misc": ""})
-
-
-GOLDS = {"a": conll(person="Ann"), "b": conll(location="Oslo")}
+from tests.support.evidence3 import GOLDS, conll
 
 
 @pytest.fixture

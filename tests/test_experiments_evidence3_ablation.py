@@ -4,33 +4,11 @@ inputs."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from experiments.runs import AggregationError
 from experiments.studies import evidence3_ablation as ablation
-
-
-def conll(person: str = "", location: str = "") -> str:
-    return json.dumps({"person": person, "organization": "", "location": location, "misc": ""})
-
-
-GOLDS = {"a": conll(person="Ann"), "b": conll(location="Oslo")}
-RIGHT = {"tp": 1, "fp": 0, "fn": 0}
-
-
-def write_run(path: Path, rows, metrics: str) -> Path:
-    path.mkdir(parents=True)
-    lines = [
-        json.dumps({"step": s, "slice": "dev", "uid": u, "prediction": p, "scores": c})
-        for s, u, p, c in rows
-    ]
-    (path / "validation.jsonl").write_text("\n".join(lines) + "\n")
-    (path / "metrics").mkdir()
-    (path / "metrics" / "metrics.csv").write_text(metrics)
-    return path
+from tests.support.evidence3 import GOLDS, RIGHT, conll, write_run
 
 
 @pytest.fixture

@@ -130,57 +130,73 @@ def stretch_rows(run: Path, every: int) -> list[dict[str, Any]]:
 def stretch_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """`stretch_rows` as a table."""
     columns = [*(c for _, c in TRAINING), "log mass / token"]
-    lines = [[str(r["step"]), *(_number(r.get(c)) for c in columns)] for r in rows]
-    return _table(["steps", *columns], lines)
+    lines = [[str(r["step"]), *(number_cell(r.get(c)) for c in columns)] for r in rows]
+    return markdown_table(["steps", *columns], lines)
 
 
-def _interval(diff: Sequence[float] | None) -> str:
+def interval_cell(diff: Sequence[float] | None) -> str:
     return "–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
 
 
-def _number(value: float | None, digits: int = 2) -> str:
+def number_cell(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+def markdown_table(head: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(cells) + " |" for cells in lines]
     return "\n".join(out) + "\n"
 
 
-def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Three tables: dev results by variant and step; per-field P/R; the training stretches."""
-    head = ["variant", "step", "dev micro-F1", "Δ vs step 0 [95%]", f"Δ vs {REFERENCE} [95%]"]
-    head += ["micro P/R", "entities / output", *(c for _, c in VALIDATION)]
-    main = [
+def dev_table(
+    rows: Sequence[Mapping[str, Any]],
+    name: str = "variant",
+    reference: str = REFERENCE,
+    extra: Sequence[tuple[str, str]] = VALIDATION,
+) -> str:
+    """Dev results by row (its `name` and step): micro-F1, the paired differences from step 0
+    and from `reference`, micro P/R, entities per output, then the `extra` columns."""
+    head = [name, "step", "dev micro-F1", "Δ vs step 0 [95%]", f"Δ vs {reference} [95%]"]
+    head += ["micro P/R", "entities / output", *(c for _, c in extra)]
+    lines = [
         [
-            row["variant"],
+            row[name],
             str(row["step"]),
             f"{row['dev_micro_f1']:.3f}",
-            _interval(row.get("vs_step_0")),
-            _interval(row.get("vs_reference")),
+            interval_cell(row.get("vs_step_0")),
+            interval_cell(row.get("vs_reference")),
             f"{row['fields']['micro']['precision']:.2f}/{row['fields']['micro']['recall']:.2f}",
             f"{row['entities_per_output']:.2f}",
-            *(_number(row.get(c), 3) for _, c in VALIDATION),
+            *(number_cell(row.get(c), 3) for _, c in extra),
         ]
         for row in rows
     ]
-    fields = [
-        [row["variant"], str(row["step"])]
+    return markdown_table(head, lines)
+
+
+def field_table(rows: Sequence[Mapping[str, Any]], name: str = "variant") -> str:
+    """Precision/recall per field by row (its `name` and step)."""
+    lines = [
+        [row[name], str(row["step"])]
         + [f"{row['fields'][f]['precision']:.2f}/{row['fields'][f]['recall']:.2f}" for f in FIELDS]
         for row in rows
     ]
+    return markdown_table([name, "step", *(f"{f} P/R" for f in FIELDS)], lines)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Three tables: dev results by variant and step; per-field P/R; the training stretches."""
     training = [
-        [row["variant"], f"{row['step']}"] + [_number(row.get(c)) for _, c in TRAINING]
+        [row["variant"], f"{row['step']}"] + [number_cell(row.get(c)) for _, c in TRAINING]
         for row in rows[1:]
     ]
     gold = rows[0].get("gold_entities_per_output")
     return (
-        _table(head, main)
-        + f"\nGold: {_number(gold)} entities per output on these dev inputs.\n\n"
-        + _table(["variant", "step", *(f"{f} P/R" for f in FIELDS)], fields)
+        dev_table(rows)
+        + f"\nGold: {number_cell(gold)} entities per output on these dev inputs.\n\n"
+        + field_table(rows)
         + "\nTraining stretches (means over the steps before each validation):\n\n"
-        + _table(["variant", "up to step", *(c for _, c in TRAINING)], training)
+        + markdown_table(["variant", "up to step", *(c for _, c in TRAINING)], training)
     )
 
 
