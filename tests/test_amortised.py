@@ -3,6 +3,7 @@ importance weights against mode=search's Full IS, one training run end to end, R
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import hashlib
@@ -108,14 +109,22 @@ def _logp(model, prompt: list[int], outputs: list[list[int]], reference: bool) -
     return torch.stack([lp.sum() for lp in logps]).double()
 
 
-@pytest.mark.parametrize("trained", [False, True])
-def test_importance_weights_are_full_is_weights_retargeted_to_the_reference(tiny, trained):
+@pytest.mark.parametrize(
+    ("trained", "proposal"), [(False, "policy"), (True, "policy"), (True, "reference")]
+)
+def test_importance_weights_are_full_is_weights_retargeted_to_the_reference(
+    tiny, trained, proposal
+):
     """With a zero adapter (policy = reference) the weights are mode=search's IS weights of the
-    same particles; with a trained adapter they differ by log p_ref(y) − log p_θ(y)."""
-    overrides = [*AMORTISED, "search.batch_size=1"]
+    same particles; with a trained adapter they differ by log p_ref(y) − log p_θ(y); with the
+    frozen proposal (`train.proposal=reference`) the particles and weights are mode=search's
+    with the adapter disabled, whatever the adapter."""
+    overrides = [*AMORTISED, "search.batch_size=1", f"train.proposal={proposal}"]
     module = make_module(tiny, overrides, trained)
     example = module.task.splits().train[0]
-    searched = _search_particles(module, compose_config(overrides).search, example, seed=11)
+    frozen = proposal == "reference"
+    with reference_mode(module.policy) if frozen else contextlib.nullcontext():
+        searched = _search_particles(module, compose_config(overrides).search, example, seed=11)
     module.generator.manual_seed(11)
     step = module.amortised_step_loss([example])
     (population,) = step.populations
@@ -126,7 +135,7 @@ def test_importance_weights_are_full_is_weights_retargeted_to_the_reference(tiny
     assert len(idx) == 6  # every particle of the tiny model completes within 64 tokens
     ours = torch.tensor(step.log_weights[0], dtype=torch.float64)
     theirs = torch.tensor([searched.log_weights[i] for i in idx], dtype=torch.float64)
-    if not trained:
+    if not trained or frozen:
         assert ours == pytest.approx(theirs, abs=1e-3)
         return
     prompt = encode_prompt(module.tokenizer, module.task.forward_messages(example))
@@ -190,6 +199,10 @@ def test_config_validation_of_the_new_keys(tmp_path):
 
     with pytest.raises(ConfigError, match="train.objective='ppo'"):
         validate(compose_config([*BASE, "train.objective=ppo"]))
+    with pytest.raises(ConfigError, match="train.proposal='frozen'"):
+        validate(compose_config([*AMORTISED, "train.proposal=frozen"]))
+    with pytest.raises(ConfigError, match="train.proposal=reference .*amortised_is"):
+        validate(compose_config([*BASE, "train.proposal=reference"]))
     with pytest.raises(ConfigError, match="train.init_adapter=.*adapter_config.json"):
         validate(compose_config([*BASE, f"train.init_adapter={tmp_path / 'none'}"]))
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 128}))

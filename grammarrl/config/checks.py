@@ -218,6 +218,7 @@ def _check_combinations(cfg: DictConfig, typed: dict[str, Any]) -> None:
     # a dev-only training run draws no test set: no test evaluation of any kind
     if cfg.mode == "train":
         _check_eval_test(typed["train"])
+        _check_proposal(typed["train"])
     # eval.adapter belongs to the modes that load it
     _check_adapter(cfg.mode, typed["eval"].adapter)
     _check_devices(cfg)  # trainer.accelerator against device
@@ -257,6 +258,15 @@ def _check_eval_test(train: Any) -> None:
             f"train.eval_test=false contradicts {', '.join(on)}: a run with "
             "train.eval_test=false draws no test set, and those are test evaluations; set "
             "them to false, or train.eval_test=true"
+        )
+
+
+def _check_proposal(train: Any) -> None:
+    """`train.proposal` chooses who draws amortised IS's particles: RLOO has none to draw."""
+    if train.proposal != "policy" and train.objective != "amortised_is":
+        raise ConfigError(
+            f"train.proposal={train.proposal} applies to train.objective=amortised_is only "
+            f"(this run: train.objective={train.objective}, whose rollouts the policy draws)"
         )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from grammarrl.config.keys import BOOKKEEPING, CONTINUABLE, NOT_DIAGNOSE, key
 
 OBJECTIVES = ("rloo", "amortised_is")  # train.objective: grammarrl.training.module
+PROPOSALS = ("policy", "reference")  # train.proposal: grammarrl.training.amortised
 LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("offline", "online", "disabled")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
@@ -125,6 +126,14 @@ class TrainSchema:
         choices=OBJECTIVES,
         modes=NOT_DIAGNOSE,
         recorded_default="rloo",
+    )
+    proposal: str = key(
+        "`amortised_is`: what draws the particles. `policy`: the current policy (proposal and "
+        "policy iterate); `reference`: the frozen model, so the targets are those of Full IS "
+        "with the frozen proposal (mode=search search.method=is), a fixed distribution.",
+        choices=PROPOSALS,
+        modes=NOT_DIAGNOSE,
+        recorded_default="policy",
     )
     init_adapter: Any = key(
         "A saved PEFT adapter directory to start training from; null: a fresh LoRA adapter.",

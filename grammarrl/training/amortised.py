@@ -4,7 +4,10 @@ and what it logs.
 Per prompt the current policy's grammar-constrained sampler q_θ draws `search.particles`
 particles with Full IS (`grammarrl.decoding.smc` with no resampling, the potential
 `search.potential` scored on complete outputs, as mode=search search.method=is does). Its log
-weights are log p_θ(y)/q_θ(y) + log Φ(y): towards p_θ·Φ. Training moves p_θ, so amortising
+weights are log p_θ(y)/q_θ(y) + log Φ(y): towards p_θ·Φ. (With `train.proposal=reference` the
+frozen model draws them instead, its adapter disabled: p_θ is then p_ref, the weights are Full
+IS's with the frozen proposal, and the targets a fixed distribution the policy is distilled
+towards.) Training moves p_θ, so amortising
 towards p_θ·Φ would sharpen the target every step (p_θ^(k+1) ∝ p_θ^k·Φ, i.e. Φ^k); the target
 here is the paper's fixed one, p_ref(y)·1[y ∈ L(G)]·Φ(y), which Full IS with the frozen proposal
 approximates:
@@ -19,6 +22,7 @@ drawn by multinomial resampling of the self-normalised weights, from the trainin
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +32,7 @@ import torch
 from grammarrl.decoding.smc import ParticleSet, smc
 from grammarrl.decoding.types import Generation
 from grammarrl.models.chat import encode_prompt
+from grammarrl.models.loading import reference_mode
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.rl.rloo import combine_rewards, grammarrl_loss
 from grammarrl.runs.timing import clock
@@ -152,9 +157,9 @@ def amortised_step_loss(
     settings: StepSettings,
     generator: torch.Generator,
 ) -> AmortisedStep:
-    """One amortised-IS step up to the loss: Full IS particles of the current policy, weighted
-    towards p_ref·Φ, `rollout.num_samples` targets resampled per prompt (`draw_targets`), and
-    the loss mean −log pi_theta(y|x) over the targets (+ β·KL to pi_ref with `kl_penalty=loss`;
+    """One amortised-IS step up to the loss: Full IS particles of the current policy (or of the
+    frozen model, `train.proposal=reference`), weighted towards p_ref·Φ, `rollout.num_samples`
+    targets resampled per prompt (`draw_targets`), and the loss mean −log pi_theta(y|x) over the targets (+ β·KL to pi_ref with `kl_penalty=loss`;
     the other placements have no reward to shape: no KL term)."""
     search, count = settings.amortised, settings.rollout.num_samples
     policy = models.policy
@@ -162,15 +167,17 @@ def amortised_step_loss(
     started = clock()
     prompts = [encode_prompt(models.tokenizer, models.task.forward_messages(ex)) for ex in batch]
     twist = potential.bind(list(batch)) if potential.name != "none" else None
-    populations = smc(
-        models.decoder,
-        prompts,
-        search.particles,
-        twist=twist,
-        ess_threshold=0.0,
-        temperature=search.temperature,
-        generator=generator,
-    )
+    frozen = search.proposal == "reference"
+    with reference_mode(policy) if frozen else contextlib.nullcontext():
+        populations = smc(
+            models.decoder,
+            prompts,
+            search.particles,
+            twist=twist,
+            ess_threshold=0.0,
+            temperature=search.temperature,
+            generator=generator,
+        )
     rolled_out = clock()
     drawn = draw_targets(batch, prompts, populations, models.scorer, count, generator)
     seconds = {"rollout": rolled_out - started, "scoring": clock() - rolled_out}

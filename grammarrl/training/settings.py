@@ -13,12 +13,13 @@ from grammarrl.search.potentials import default_potential
 
 @dataclass(frozen=True)
 class AmortisedSettings:
-    """`train.objective=amortised_is`: Full IS draws `particles` per prompt at `temperature`,
-    weighted by the potential `potential` (`grammarrl.training.amortised`)."""
+    """`train.objective=amortised_is`: Full IS draws `particles` per prompt at `temperature`
+    from `proposal`, weighted by the potential `potential` (`grammarrl.training.amortised`)."""
 
     particles: int  # search.particles
     potential: str  # search.potential, or the paper's pairing for Full IS
     temperature: float  # search.temperature
+    proposal: str = "policy"  # train.proposal: policy or reference (the frozen model)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class StepSettings:
                 particles=int(cfg.search.particles),
                 potential=cfg.search.potential or default_potential("is"),
                 temperature=float(cfg.search.temperature),
+                proposal=cfg.train.proposal,
             )
         return cls(
             rollout=RolloutSettings.from_config(cfg.rollout),
