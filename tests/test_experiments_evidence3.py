@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from experiments.runs import AggregationError
 from experiments.studies import evidence3
-from tests.support.evidence3 import GOLDS, conll
+from tests.support.evidence3 import GOLDS, RIGHT, conll, write_run
 
 
 @pytest.fixture
@@ -49,3 +50,27 @@ def test_pilot_rows_read_each_validation_against_step_0(run):
     assert first["entities_per_output"] == 1.0
     table = evidence3.markdown([first, second])
     assert "| 2 | 1.000 | +0.500 [" in table
+
+
+def test_step_0_and_a_rival_can_come_from_other_folders(run, tmp_path):
+    # the start: both right (F1 1); the rival: b empty, a right (F1 2/3); the run at step 2: F1 1
+    start = write_run(
+        tmp_path / "start",
+        [(0, "a", conll(person="Ann"), RIGHT), (0, "b", conll(location="Oslo"), RIGHT)],
+        "step\n",
+    )
+    rival = write_run(
+        tmp_path / "rival",
+        [(0, "a", conll(person="Ann"), RIGHT), (0, "b", conll(), {"tp": 0, "fp": 0, "fn": 1})],
+        "step\n",
+    )
+    first, second = evidence3.pilot_rows(run, GOLDS, start=start, rival=rival)
+    assert first["dev_micro_f1"] == 1.0 and first["vs_rival"] is None
+    assert second["difference"][0] == pytest.approx(0.0)  # against the start, not the run's 0
+    assert second["vs_rival"][0] == pytest.approx(1 / 3)
+    assert second["ESS"] == 2.0  # the run's own training log
+    table = evidence3.markdown([first, second], "RLOO")
+    assert "Δ vs RLOO [95%]" in table and "| 2 | 1.000 | +0.000 [" in table
+    assert "+0.333 [" in table
+    with pytest.raises(AggregationError, match="no dev record at step 0"):
+        evidence3.pilot_rows(run, GOLDS, start=tmp_path / "none")

@@ -23,6 +23,7 @@ from experiments.curves import Series, curve
 from experiments.dev_selection import dev_records, paired_dev_interval
 from experiments.intervals import counts_of, micro_f1
 from experiments.outputs import field_statistics
+from experiments.runs import AggregationError
 from grammarrl.evaluation.curves import read_metrics
 from grammarrl.tasks.conll import FIELDS, output_fields
 from grammarrl.types import Example
@@ -88,9 +89,16 @@ def dev_summary(records: Sequence[Mapping[str, Any]], golds: Mapping[str, str]) 
     }
 
 
-def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
-    """One row per validation step of the run's dev record (module docstring)."""
-    by_step = records_by_step(run)
+def pilot_rows(
+    run: Path, golds: Mapping[str, str], start: Path | None = None, rival: Path | None = None
+) -> list[dict[str, Any]]:
+    """One row per validation step of the run's dev record (module docstring). `start`: the
+    folder whose dev record at step 0 is step 0 (default: the run's own); `rival`: a folder
+    whose step-0 record every later step is also compared with ("vs_rival")."""
+    start = start or run
+    by_step = {**records_by_step(run), 0: records_by_step(start).get(0, [])}
+    if not by_step[0]:
+        raise AggregationError(f"{start}: no dev record at step 0 (validation.jsonl)")
     steps = sorted(by_step)
     series = read_metrics(run)
     rows = []
@@ -98,9 +106,11 @@ def pilot_rows(run: Path, golds: Mapping[str, str]) -> list[dict[str, Any]]:
         row = {
             "step": step,
             **dev_summary(by_step[step], golds),
-            "difference": paired_dev_interval(run, run, step, steps[0]) if i else None,
+            "difference": paired_dev_interval(run, start, step, 0) if i else None,
             "forward_passes": dict(curve(series, "train/forward_passes")).get(step - 1),
         }
+        if rival is not None:
+            row["vs_rival"] = paired_dev_interval(run, rival, step, 0) if i else None
         for key, column in TRAINING:
             row[column] = window_mean(series, key, steps[i - 1] if i else 0, step) if i else None
         rows.append(row)
@@ -113,15 +123,21 @@ def entities_per_output(rows: Sequence[Mapping[str, Any]], key: str = "predictio
     return sum(filled) / max(len(filled), 1)
 
 
-def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The pilot's table: one line per validation step."""
-    head = ["step", "dev micro-F1", "Δ vs step 0 [95%]", *(f"{f} P/R" for f in FIELDS)]
-    head += ["entities / output", *(column for _, column in TRAINING), "forward calls"]
+def _interval(diff: Sequence[float] | None) -> str:
+    return "–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
+
+
+def markdown(rows: Sequence[Mapping[str, Any]], rival: str | None = None) -> str:
+    """The pilot's table: one line per validation step (with `rival`, the name of the rows'
+    "vs_rival" reference, a column of the differences from it)."""
+    head = ["step", "dev micro-F1", "Δ vs step 0 [95%]"]
+    head += [f"Δ vs {rival} [95%]"] if rival else []
+    head += [*(f"{f} P/R" for f in FIELDS), "entities / output"]
+    head += [*(column for _, column in TRAINING), "forward calls"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        diff = row["difference"]
-        cells = [str(row["step"]), f"{row['dev_micro_f1']:.3f}"]
-        cells.append("–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]")
+        cells = [str(row["step"]), f"{row['dev_micro_f1']:.3f}", _interval(row["difference"])]
+        cells += [_interval(row.get("vs_rival"))] if rival else []
         cells += [
             f"{row['fields'][f]['precision']:.2f}/{row['fields'][f]['recall']:.2f}" for f in FIELDS
         ]
@@ -136,12 +152,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="the pilot's run directory")
     parser.add_argument("--out", type=Path, required=True, help="folder for pilot.md, pilot.json")
+    parser.add_argument("--step-0", type=Path, help="where step 0 is (default: the run)")
+    parser.add_argument(
+        "--rival", type=Path, help="a folder whose step 0 every step is read against"
+    )
+    parser.add_argument("--rival-name", default="rival", help="the rival's name in the table")
     args = parser.parse_args(argv)
-    rows = pilot_rows(args.run, dev_golds(args.run))
+    rows = pilot_rows(args.run, dev_golds(args.run), args.step_0, args.rival)
+    text = markdown(rows, args.rival_name if args.rival else None)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pilot.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    (args.out / "pilot.md").write_text(markdown(rows), encoding="utf-8")
-    print(markdown(rows))
+    (args.out / "pilot.md").write_text(text, encoding="utf-8")
+    print(text)
     return 0
 
 
