@@ -123,7 +123,8 @@ def entities_per_output(rows: Sequence[Mapping[str, Any]], key: str = "predictio
     return sum(filled) / max(len(filled), 1)
 
 
-def _interval(diff: Sequence[float] | None) -> str:
+def interval_cell(diff: Sequence[float] | None) -> str:
+    """A paired difference (difference, low, high, ...) as `+d [+lo, +hi]`; – for none."""
     return "–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
 
 
@@ -136,8 +137,8 @@ def markdown(rows: Sequence[Mapping[str, Any]], rival: str | None = None) -> str
     head += [*(column for _, column in TRAINING), "forward calls"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [str(row["step"]), f"{row['dev_micro_f1']:.3f}", _interval(row["difference"])]
-        cells += [_interval(row.get("vs_rival"))] if rival else []
+        cells = [str(row["step"]), f"{row['dev_micro_f1']:.3f}", interval_cell(row["difference"])]
+        cells += [interval_cell(row.get("vs_rival"))] if rival else []
         cells += [
             f"{row['fields'][f]['precision']:.2f}/{row['fields'][f]['recall']:.2f}" for f in FIELDS
         ]

@@ -31,6 +31,7 @@ from experiments.studies.evidence3 import (
     dev_golds,
     dev_summary,
     entities_per_output,
+    interval_cell,
     records_by_step,
     window_mean,
 )
@@ -132,10 +133,6 @@ def stretch_table(rows: Sequence[Mapping[str, Any]]) -> str:
     columns = [*(c for _, c in TRAINING), "log mass / token"]
     lines = [[str(r["step"]), *(number_cell(r.get(c)) for c in columns)] for r in rows]
     return markdown_table(["steps", *columns], lines)
-
-
-def interval_cell(diff: Sequence[float] | None) -> str:
-    return "–" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
 
 
 def number_cell(value: float | None, digits: int = 2) -> str:

@@ -4,11 +4,10 @@ and what it logs.
 Per prompt the current policy's grammar-constrained sampler q_θ draws `search.particles`
 particles with Full IS (`grammarrl.decoding.smc` with no resampling, the potential
 `search.potential` scored on complete outputs, as mode=search search.method=is does). Its log
-weights are log p_θ(y)/q_θ(y) + log Φ(y): towards p_θ·Φ. (With `train.proposal=reference` the
-frozen model draws them instead, its adapter disabled: p_θ is then p_ref, the weights are Full
-IS's with the frozen proposal, and the targets a fixed distribution the policy is distilled
-towards.) Training moves p_θ, so amortising
-towards p_θ·Φ would sharpen the target every step (p_θ^(k+1) ∝ p_θ^k·Φ, i.e. Φ^k); the target
+weights are log p_θ(y)/q_θ(y) + log Φ(y): towards p_θ·Φ. (With `train.proposal=reference`
+the frozen model draws them instead, its adapter disabled: p_θ is then p_ref, the weights are
+Full IS's with the frozen proposal, and the targets a fixed distribution the policy is
+distilled towards.) Training moves p_θ, so amortising towards p_θ·Φ would sharpen the target every step (p_θ^(k+1) ∝ p_θ^k·Φ, i.e. Φ^k); the target
 here is the paper's fixed one, p_ref(y)·1[y ∈ L(G)]·Φ(y), which Full IS with the frozen proposal
 approximates:
 
@@ -159,16 +158,19 @@ def amortised_step_loss(
 ) -> AmortisedStep:
     """One amortised-IS step up to the loss: Full IS particles of the current policy (or of the
     frozen model, `train.proposal=reference`), weighted towards p_ref·Φ, `rollout.num_samples`
-    targets resampled per prompt (`draw_targets`), and the loss mean −log pi_theta(y|x) over the targets (+ β·KL to pi_ref with `kl_penalty=loss`;
-    the other placements have no reward to shape: no KL term)."""
+    targets resampled per prompt (`draw_targets`), and the loss mean −log pi_theta(y|x) over
+    the targets (+ β·KL to pi_ref with `kl_penalty=loss`; the other placements have no reward
+    to shape: no KL term)."""
     search, count = settings.amortised, settings.rollout.num_samples
     policy = models.policy
     policy.eval()
     started = clock()
     prompts = [encode_prompt(models.tokenizer, models.task.forward_messages(ex)) for ex in batch]
     twist = potential.bind(list(batch)) if potential.name != "none" else None
-    frozen = search.proposal == "reference"
-    with reference_mode(policy) if frozen else contextlib.nullcontext():
+    proposal = (
+        reference_mode(policy) if search.proposal == "reference" else contextlib.nullcontext()
+    )
+    with proposal:
         populations = smc(
             models.decoder,
             prompts,

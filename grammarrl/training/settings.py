@@ -19,7 +19,7 @@ class AmortisedSettings:
     particles: int  # search.particles
     potential: str  # search.potential, or the paper's pairing for Full IS
     temperature: float  # search.temperature
-    proposal: str = "policy"  # train.proposal: policy or reference (the frozen model)
+    proposal: str  # train.proposal: policy or reference (the frozen model)
 
 
 @dataclass(frozen=True)
