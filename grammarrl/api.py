@@ -126,17 +126,21 @@ class Policy:
 
 def run_config(path: Path) -> tuple[dict[str, Any], Path | None]:
     """(recorded config, adapter to attach or None) of a training run directory, its adapter
-    directory, or a folder written by mode=export; a GrammarRLError says what was expected."""
+    directory, or a folder written by mode=export; a GrammarRLError says what was expected.
+    The config is read as run directories read their records (`rundir.read_record`): a key
+    added or moved since takes its name of now and the value the run ran with."""
     import json
 
+    from grammarrl.runs.rundir import current_names, read_record
+
     if (path / EXPORT_RECORD).is_file():
-        config = json.loads((path / EXPORT_RECORD).read_text())["config"]
+        config = current_names(json.loads((path / EXPORT_RECORD).read_text())["config"])
         config["model"] = {**config["model"], "source": "hub", "path": str(path)}
         return config, None
     run = path.parent if (path / "adapter_config.json").is_file() else path
-    record, adapter = run / "job.json", run / "adapter"
-    if record.is_file() and (adapter / "adapter_config.json").is_file():
-        return json.loads(record.read_text())["config"], adapter
+    record, adapter = read_record(run), run / "adapter"
+    if record is not None and (adapter / "adapter_config.json").is_file():
+        return record["config"], adapter
     raise GrammarRLError(
         f"{path}: not a training run directory (job.json and adapter/), an "
         f"adapter directory inside one, or a folder written by mode=export "

@@ -8,6 +8,8 @@ assistant turn and decodes greedily, the task's grammar (`grammar.lark`, the Lar
 llguidance and Outlines' `CFG` compile), one rendered prompt of the task (`example_prompt.json`)
 and a model card (`README.md`) saying how the policy was trained. Loaded with `transformers` and
 constrained by Outlines with that grammar, it decodes what our decoder does with the adapter.
+The folder is built with, and records (`grammarrl_export.json`, read by `grammarrl.api.load`),
+the training run's settings: its task, data, prompts and model, not the export command's.
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from grammarrl.api import EXPORT_RECORD
 from grammarrl.models.chat import end_of_turn_id
 from grammarrl.runs.atomic import write_json
 from grammarrl.runs.results import config_dict
-from grammarrl.runs.rundir import read_record, run_dir
+from grammarrl.runs.rundir import BOOKKEEPING, describe, differing_keys, read_record, run_dir
 
 log = logging.getLogger(__name__)
 
 GRAMMAR_FILE = "grammar.lark"
 EXAMPLE_FILE = "example_prompt.json"
+# Keys the export job decides; the folder takes every other setting from the training run.
+EXPORT_KEYS = ("mode", "device", "cache_dir", "eval.adapter", "export")
 TRAINED_KEYS = (
     "lambda",
     "beta",
@@ -40,6 +45,26 @@ TRAINED_KEYS = (
     "lora.r",
     "lora.alpha",
 )
+# What each `train.objective` trains, and the settings of its own the model card lists too.
+OBJECTIVES = {
+    "rloo": (
+        (
+            "label-free RLOO over grammar-constrained rollouts (N samples and the beam top-B "
+            "per input), rewarded by the frozen base model's own likelihoods, direct and "
+            "reverse, mixed by λ, with a KL penalty β to the base model"
+        ),
+        (),
+    ),
+    "amortised_is": (
+        (
+            "label-free amortised IS: trained towards the outputs of Full IS, whose "
+            "grammar-constrained particles are weighted towards the frozen base model's "
+            "likelihood times a potential and resampled into N targets per input, with β's "
+            "KL term to the base model under `kl_penalty=loss`"
+        ),
+        ("train.proposal", "search.particles", "search.potential"),
+    ),
+}
 
 
 def export_dir(cfg: DictConfig) -> Path:
@@ -61,6 +86,24 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
     return value
 
 
+def export_config(cfg: DictConfig, trained: dict[str, Any] | None) -> DictConfig:
+    """The config the folder is built with and records: the training run's (task, data,
+    prompts, model, train.*) with this job's `EXPORT_KEYS`; this job's own when the adapter
+    holds no record of its run. Settings of this job that differ from the run's are logged."""
+    if trained is None:
+        return cfg
+    config = OmegaConf.create(trained)
+    for key in EXPORT_KEYS:
+        OmegaConf.update(config, key, OmegaConf.select(cfg, key), merge=False)
+    ignored = differing_keys(trained, config_dict(cfg), (*BOOKKEEPING, *EXPORT_KEYS))
+    if ignored:
+        log.info(
+            "mode=export: the training run's settings are exported, not this job's: %s",
+            describe(trained, config_dict(cfg), ignored),
+        )
+    return config
+
+
 def model_card(cfg: DictConfig, adapter: Path, trained: dict[str, Any] | None) -> str:
     """A short README: base model, task, how the adapter was trained, how to use the folder."""
     if trained is None:
@@ -69,13 +112,10 @@ def model_card(cfg: DictConfig, adapter: Path, trained: dict[str, Any] | None) -
             "settings are not listed here."
         )
     else:
-        settings = ", ".join(f"`{k}={_lookup(trained, k)}`" for k in TRAINED_KEYS)
-        training = (
-            "Trained with GrammarRL: label-free RLOO over grammar-constrained rollouts "
-            "(N samples and the beam top-B per input), rewarded by the frozen base "
-            "model's own likelihoods, direct and reverse, mixed by λ, with a KL penalty "
-            f"β to the base model. Settings: {settings}."
-        )
+        what, keys = OBJECTIVES[_lookup(trained, "train.objective")]
+        listed = ("train.objective", *TRAINED_KEYS, *keys)
+        settings = ", ".join(f"`{k}={_lookup(trained, k)}`" for k in listed)
+        training = f"Trained with GrammarRL: {what}. Settings: {settings}."
     base = cfg.model.get("path") or cfg.model.name
     return f"""# GrammarRL policy: {cfg.task.name} on {cfg.model.name}
 
@@ -111,6 +151,8 @@ def run_export(cfg: DictConfig) -> dict[str, Any]:
 
     out = export_dir(cfg)
     adapter = Path(cfg.eval.adapter)
+    trained = training_record(adapter)
+    cfg = export_config(cfg, trained)
     task = load_task(cfg)
     policy, tokenizer = load_evaluated_model(cfg.model, cfg.cache_dir, cfg.device, cfg.eval.adapter)
     merged = policy.merge_and_unload()
@@ -134,11 +176,9 @@ def run_export(cfg: DictConfig) -> dict[str, Any]:
             "messages": task.forward_messages(example),
         },
     )
-    (out / "README.md").write_text(
-        model_card(cfg, adapter, training_record(adapter)), encoding="utf-8"
-    )
+    (out / "README.md").write_text(model_card(cfg, adapter, trained), encoding="utf-8")
     write_json(
-        out / "grammarrl_export.json",
+        out / EXPORT_RECORD,
         {"adapter": str(adapter), "task": cfg.task.name, "config": config_dict(cfg)},
     )
     log.info("exported %s merged with %s to %s", cfg.model.name, adapter, out)

@@ -4,18 +4,23 @@ Outlines with the exported grammar, decodes what our decoder decodes with the ad
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
+from grammarrl.api import EXPORT_RECORD
+from grammarrl.config.schema_training import OBJECTIVES
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.evaluation.evaluate import load_evaluated_model
-from grammarrl.export import GRAMMAR_FILE, run_export
+from grammarrl.export import GRAMMAR_FILE, model_card, run_export
 from grammarrl.job import validate
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.loading import add_lora, load_model
+from grammarrl.runs import rundir
+from grammarrl.runs.results import config_dict
 from grammarrl.tasks import load_task
 from tests.conftest import compose_config
 
@@ -33,6 +38,31 @@ def random_adapter(cfg, cache_dir: Path, out: Path) -> Path:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
     policy.save_pretrained(out)
     return out
+
+
+def trained_run(cache_dir: Path, run: Path, settings: list[str]) -> Path:
+    """A training run directory as training leaves it for export and the API: its record
+    (job.json) and a random adapter."""
+    cfg = compose_config([*TINY, "model.dtype=float32", "mode=train", *settings])
+    random_adapter(cfg, cache_dir, run / "adapter")
+    rundir.commit(cfg, run, rundir.Plan())
+    return run
+
+
+def export(run: Path, folder: Path, settings: Sequence[str] = ()) -> Path:
+    """mode=export of the run's adapter into `folder`, with the export command's `settings`."""
+    cfg = compose_config(
+        [
+            *TINY,
+            "model.dtype=float32",
+            "mode=export",
+            f"eval.adapter={run / 'adapter'}",
+            f"export.dir={folder}",
+            *settings,
+        ]
+    )
+    validate(cfg)
+    return Path(run_export(cfg)["export_dir"])
 
 
 def outlines_greedy(folder: Path, messages: list[dict[str, str]], max_new_tokens: int) -> str:
@@ -99,12 +129,8 @@ def test_export_needs_an_adapter():
 
 def test_api_loads_a_run_and_its_export_and_generates_what_the_decoder_does(tmp_path, cache_dir):
     from grammarrl import api
-    from grammarrl.runs import rundir
 
-    cfg = compose_config([*TINY, "model.dtype=float32", "mode=train"])
-    run = tmp_path / "run"
-    random_adapter(cfg, cache_dir, run / "adapter")
-    rundir.commit(cfg, run, rundir.Plan())  # the run's record (job.json), as training writes it
+    run = trained_run(cache_dir, tmp_path / "run", [])
     from_run = api.load(run)
     task = from_run.task
     examples = task.splits().test_pool[:3]
@@ -124,17 +150,8 @@ def test_api_loads_a_run_and_its_export_and_generates_what_the_decoder_does(tmp_
     # one string is one input, not a sequence of one-character inputs
     assert [o.text for o in from_run.generate(examples[0].input)] == [outputs[0].text]
 
-    export = compose_config(
-        [
-            *TINY,
-            "model.dtype=float32",
-            "mode=export",
-            f"eval.adapter={run / 'adapter'}",
-            f"export.dir={tmp_path / 'm'}",
-        ]
-    )
-    run_export(export)
-    assert [o.text for o in api.load(tmp_path / "m").generate([ex.input for ex in examples])] == [
+    folder = export(run, tmp_path / "m")
+    assert [o.text for o in api.load(folder).generate([ex.input for ex in examples])] == [
         o.text for o in outputs
     ]
 
@@ -151,3 +168,58 @@ def test_api_names_what_a_path_lacks(tmp_path):
 
     with pytest.raises(GrammarRLError, match="not a training run directory"):
         api.load(tmp_path)
+
+
+def test_export_records_the_training_runs_prompts_not_the_export_commands(tmp_path, cache_dir):
+    from grammarrl import api
+
+    run = trained_run(cache_dir, tmp_path / "run", ["task.num_fewshot=2", "data.split_seed=1"])
+    command = ["task.num_fewshot=4", "data.split_seed=0"]  # what the export command passes
+    folder = export(run, tmp_path / "m", command)
+
+    from_run, from_export = api.load(run), api.load(folder)
+    recorded = json.loads((folder / EXPORT_RECORD).read_text())["config"]
+    assert (recorded["task"]["num_fewshot"], recorded["data"]["split_seed"]) == (2, 1)
+    examples = from_run.task.splits().test_pool[:2]
+    prompts = [from_run.task.forward_messages(ex) for ex in examples]
+    assert [from_export.task.forward_messages(ex) for ex in examples] == prompts
+    exported = json.loads((folder / "example_prompt.json").read_text())
+    assert exported["messages"] == prompts[0]
+    other = load_task(compose_config([*TINY, *command]))  # the command's settings would differ
+    assert [other.forward_messages(ex) for ex in examples] != prompts
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_model_card_names_the_objective_the_run_was_trained_with(objective):
+    cfg = compose_config([*TINY, "mode=train", f"train.objective={objective}"])
+    card = model_card(cfg, Path("run/adapter"), config_dict(cfg))
+    assert f"`train.objective={objective}`" in card
+    named = {"rloo": "RLOO", "amortised_is": "amortised IS"}
+    assert [name for name in named.values() if name in card] == [named[objective]]
+
+
+def test_api_loads_a_run_and_an_export_recorded_before_keys_were_added_or_moved(
+    tmp_path, cache_dir
+):
+    """Records are read as run directories read them (`rundir.read_record`): `kl_penalty`
+    (added since) takes the value older runs ran with, `optim.max_steps` its name of now."""
+    from grammarrl import api
+
+    run = trained_run(cache_dir, tmp_path / "run", ["trainer.max_steps=7"])
+    record = json.loads((run / "job.json").read_text())
+    old = record["config"]
+    del old["kl_penalty"]
+    old["optim"]["max_steps"] = old["trainer"].pop("max_steps")
+    (run / "job.json").write_text(json.dumps(record))
+
+    policy = api.load(run)
+    assert (policy.cfg.kl_penalty, policy.cfg.trainer.max_steps) == ("loss", 7)
+    sentence = "EU rejects German call to boycott British lamb ."
+    (output,) = policy.generate(sentence)
+    assert output.valid == (output.value is not None)
+
+    folder = export(run, tmp_path / "m")
+    record = json.loads((folder / EXPORT_RECORD).read_text())
+    del record["config"]["kl_penalty"]  # a folder exported before the key existed
+    (folder / EXPORT_RECORD).write_text(json.dumps(record))
+    assert [o.text for o in api.load(folder).generate(sentence)] == [output.text]
