@@ -1,6 +1,6 @@
 """Inference-time methods on the `tiny` model: IS weights against brute force, SMC reduces to IS,
-resampled particles keep exact per-token records, Sample-Rerank and posterior-mode selection,
-potentials, and mode=search end to end."""
+resampled particles keep exact per-token records, truncated particles weigh zero, Sample-Rerank
+and posterior-mode selection, potentials, and mode=search end to end."""
 
 from __future__ import annotations
 
@@ -127,7 +127,8 @@ def test_is_weights_equal_p_over_q_by_brute_force(model, tok, prompts, temperatu
 
 def test_smc_without_resampling_is_decoder_sampling(model, tok, prompts):
     """Same generator seed: the particles are exactly decoder.sample's samples, and their
-    weights the summed allowed mass (the proposal is unchanged by the particle loop)."""
+    weights the summed allowed mass (the proposal is unchanged by the particle loop; truncated
+    outputs weigh zero)."""
     decoder = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=8)
     samples = decoder.sample(prompts, 5, generator=torch.Generator().manual_seed(11))
     sets = smc(decoder, prompts, 5, ess_threshold=0.0, generator=torch.Generator().manual_seed(11))
@@ -135,7 +136,10 @@ def test_smc_without_resampling_is_decoder_sampling(model, tok, prompts):
         assert [g.token_ids for g in gens] == [g.token_ids for g in ps.generations]
         assert [g.finished for g in gens] == [g.finished for g in ps.generations]
         for g, w in zip(gens, ps.log_weights):
-            assert w == pytest.approx(sum(g.log_allowed_mass), abs=1e-6)
+            if g.finished:
+                assert w == pytest.approx(sum(g.log_allowed_mass), abs=1e-6)
+            else:
+                assert w == -math.inf
 
 
 def test_smc_with_constant_potential_and_no_resampling_reduces_to_is(model, tok, prompts):
@@ -206,9 +210,9 @@ def test_resampling_forks_particles_with_exact_records(model, tok, prompts):
             assert gen.logp_unconstrained == pytest.approx(lu, abs=2e-4)
             assert gen.logp_constrained == pytest.approx(lc, abs=2e-4)
             assert gen.log_allowed_mass == pytest.approx(lm, abs=2e-4)
-        # potentials recorded = the twist of the particle's final text
+        # potentials recorded = the twist of the particle's final text (truncated: -inf)
         for gen, pot in zip(ps.generations, ps.potentials):
-            assert pot == -1.5 * gen.text.count("dog")
+            assert pot == (-1.5 * gen.text.count("dog") if gen.finished else -math.inf)
 
 
 def test_resampling_follows_the_potential(model, tok, prompts):
@@ -244,11 +248,62 @@ def test_dead_particles_have_zero_weight(model, tok, prompts):
         ess_threshold=0.0,
         generator=torch.Generator().manual_seed(0),
     )
-    ps = sets[0]
-    for gen, w in zip(ps.generations, ps.log_weights):
-        assert (w == float("-inf")) == gen.finished
-    if all(g.finished for g in ps.generations):
-        assert normalized_weights(ps.log_weights) is None and log_ess(ps.log_weights) == -math.inf
+    ps = sets[0]  # finished: killed by the potential; truncated: outside L(G)
+    assert all(w == -math.inf for w in ps.log_weights)
+    assert normalized_weights(ps.log_weights) is None and log_ess(ps.log_weights) == -math.inf
+
+
+def test_truncated_particles_have_zero_weight(model, tok, prompts):
+    """An output cut at max_new_tokens is outside L(G): weight and potential zero (not the
+    potential-free p/q, which would outweigh every finished output), so the ESS and normalised
+    weights count finished particles only; all truncated: the weights vanish, an output is still
+    chosen."""
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=13)
+    twist = TextPotential(complete=lambda p, t: -3.0, on_prefix=False)
+    sets = smc(
+        decoder,
+        prompts,
+        6,
+        twist=twist,
+        ess_threshold=0.0,
+        generator=torch.Generator().manual_seed(0),
+    )
+    mixed, cut = sets[0], sets[1]
+    assert 0 < sum(g.truncated for g in mixed.generations) < 6
+    assert all(g.truncated for g in cut.generations)
+    for ps in sets:
+        for gen, logw, pot in zip(ps.generations, ps.log_weights, ps.potentials):
+            if gen.truncated:
+                assert logw == pot == -math.inf
+            else:
+                assert pot == -3.0
+                assert logw == pytest.approx(sum(gen.log_allowed_mass) - 3.0, abs=1e-9)
+    finished = [w for g, w in zip(mixed.generations, mixed.log_weights) if g.finished]
+    assert log_ess(mixed.log_weights) == pytest.approx(log_ess(finished))
+    weights = normalized_weights(mixed.log_weights)
+    assert all(w == 0.0 for w, g in zip(weights, mixed.generations) if g.truncated)
+    assert normalized_weights(cut.log_weights) is None and log_ess(cut.log_weights) == -math.inf
+    assert rerank(cut) == posterior_mode(cut)
+
+
+def test_resampling_never_copies_a_truncated_particle(model, tok, prompts):
+    """Particles complete at the cap live one more step (their end token is forced) beside the
+    truncated ones: resampling then draws from the live particles only."""
+    decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=12)
+    sets = smc(
+        decoder,
+        prompts,
+        6,
+        twist=TextPotential(complete=lambda p, t: -3.0, on_prefix=False),
+        ess_threshold=1.0,
+        generator=torch.Generator().manual_seed(0),
+        resample_generator=torch.Generator().manual_seed(0),
+    )
+    assert any(g.finished for ps in sets for g in ps.generations)
+    truncated = [[g for g in ps.generations if g.truncated] for ps in sets]
+    assert [len({id(g) for g in gens}) for gens in truncated] == [len(g) for g in truncated]
+    for ps in sets:
+        assert all(w == -math.inf for g, w in zip(ps.generations, ps.log_weights) if g.truncated)
 
 
 def test_completion_potential_is_scored_once_per_prompt_without_resampling(model, tok, prompts):

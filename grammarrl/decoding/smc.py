@@ -14,6 +14,12 @@ rejection). A `Twist` (an "expensive potential" Phi) multiplies the target: on e
 weight gains log Phi(prefix') - log Phi(prefix), and on completion log Phi(y) - log Phi(prefix),
 so the final weight is p(y)/q(y) * Phi(y) (telescoping) whatever the schedule.
 
+A particle that ends outside L(G) has weight zero (log weight and recorded potential -inf): one
+the grammar stops (a dead end or a refused token) and one cut at `max_new_tokens` (truncated: no
+end-of-turn, so not in the language whatever its completion potential would be). Resampling
+never copies such a particle, and the ESS and normalised weights ignore it; when every particle
+of a prompt ends so, its weights vanish (`log_ess` -inf).
+
 When the effective sample size 1 / sum(w_norm^2) of a prompt's population falls below
 `ess_threshold * N` the population is resampled (multinomial, from its own generator): finished
 particles are copied as records, live ones are forked (matchers `deep_copy`, the rows'
@@ -32,9 +38,8 @@ import torch
 
 from grammarrl.decoding.decoder import ConstrainedDecoder
 from grammarrl.decoding.rows import (
-    DEAD,
-    ERROR,
     FINISHED,
+    LIVE,
     NEG_INF,
     SAMPLE,
     TRUNCATED,
@@ -66,10 +71,11 @@ class ParticleSet:
     """The final population of one prompt.
 
     `log_weights[i]` = log p(y_i)/q(y_i) + log Phi(y_i) (+ the constant of any resampling);
-    `potentials[i]` = the log Phi included in it (complete outputs: `complete`, others: the
-    last `prefix` value; 0 without a twist). `proposal_log_weights[i]` = log_weights - potentials:
-    the local-masking correction alone (equal to the sum of log allowed mass when no
-    resampling happened). Resampled copies share their Generation object.
+    `potentials[i]` = the log Phi included in it (complete outputs: `complete`; 0 without a
+    twist; -inf for an output outside L(G): dead or truncated, whose log weight is -inf too).
+    `proposal_log_weights[i]` = log_weights - potentials: the local-masking correction alone
+    (equal to the sum of log allowed mass when no resampling happened; -inf outside L(G)).
+    Resampled copies share their Generation object.
     """
 
     generations: list[Generation]
@@ -209,21 +215,16 @@ class _Loop:
         completed: dict[int, list[_Particle]] = {}
         for pt, (t, logp_u, logp_c, mass, logq) in zip(live, table):
             outcome, error = dec.take(pt.row, int(t), logp_u, logp_c, mass)
-            if outcome in (DEAD, ERROR):  # a dead end or a refused token: the particle dies
-                self._finish(pt, False, False, error=error, dead=True)
-                continue
             # p/q of this token; at T = 1 exactly the recorded allowed mass.
             pt.logw += mass if self.temperature == 1.0 else logp_u - logq
-            if outcome == FINISHED:
-                self._finish(pt, True, False)
-                completed.setdefault(pt.row.prompt, []).append(pt)
-                continue
-            if self.on_prefix:
+            if outcome != LIVE:
+                self._finish(pt, outcome, error)
+                if outcome == FINISHED:
+                    completed.setdefault(pt.row.prompt, []).append(pt)
+            elif self.on_prefix:
                 self._retwist(
                     pt, self.twist.prefix(pt.row.prompt, dec.grammar.decode(pt.row.tokens))
                 )
-            if outcome == TRUNCATED:
-                self._finish(pt, False, True)
         return completed
 
     def _next_population(self, live: list[_Particle]) -> tuple[list[_Particle], list[int]]:
@@ -255,11 +256,13 @@ class _Loop:
             pt.logw = pt.logw + value - pt.twist if value != NEG_INF else NEG_INF
         pt.twist = value
 
-    def _finish(self, pt, finished, truncated, error=None, dead=False) -> None:
-        pt.gen = self.decoder.generation(pt.row, finished, truncated, error)
+    def _finish(self, pt: _Particle, outcome: str, error: str | None) -> None:
+        """Record the particle's output; one not ended by end-of-turn (dead, refused or cut at
+        the token limit) is outside L(G): weight and potential zero."""
+        pt.gen = self.decoder.generation(pt.row, outcome == FINISHED, outcome == TRUNCATED, error)
         pt.done = True
-        if dead:
-            pt.logw = NEG_INF
+        if outcome != FINISHED:
+            pt.logw = pt.twist = NEG_INF
 
     def _resample(self, p: int, group: list[_Particle], position: dict[int, int]):
         """Multinomial resampling of prompt p's population: installs the new population and

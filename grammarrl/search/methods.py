@@ -1,15 +1,21 @@
 """Output selection and population diagnostics for Sample-Rerank, Full IS and Full SMC (pure
 functions over a `ParticleSet`).
 
+An output outside L(G) (cut at the token limit, or dead) has weight zero (`smc`): it adds
+nothing to the ESS or to a posterior weight. When every weight of a prompt vanished (all its
+outputs truncated, dead or given a zero potential) an output is still chosen, by the rules
+below with uniform weights, and the diagnostics count the prompt as vanished.
+
 - Posterior mode (IS, SMC): identical outputs are grouped and their normalised weights summed;
   complete outputs (ended with end-of-turn) are preferred over the rest, then the largest total
-  weight wins, and remaining ties go to the higher LM log-probability log p(y | x).
+  weight wins (with vanished weights: the most frequent output), and remaining ties go to the
+  higher LM log-probability log p(y | x).
 - Sample-Rerank: among the complete samples the one maximising the potential; ties go to the
   higher proposal weight p(y)/q(y). Without a complete sample it falls back to the posterior mode.
 - Diagnostics: the ESS of the final weights, whether every weight vanished (all zero), and the
   posterior-weighted metric (the expected corpus metric when one output per prompt is drawn from
   the particle posterior; complete particles only when there are any, as genlm-control's decoded
-  posterior).
+  posterior; uniform when their weights vanished).
 """
 
 from __future__ import annotations
