@@ -353,7 +353,7 @@ def format_plan(plan: MemoryPlan, notes: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from grammarrl.config.checks import device_type
-    from grammarrl.job import compose_job_config, validate
+    from grammarrl.run import checked_config
     from grammarrl.runs.logs import quiet_third_party
 
     parser = argparse.ArgumentParser(
@@ -369,8 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_third_party()
     try:
-        cfg = compose_job_config(args.overrides)
-        validate(cfg)
+        cfg = checked_config(args.overrides)
         notes = []
         if args.prompt_tokens is None:
             prompt_tokens, counted_with = longest_prompt(cfg)

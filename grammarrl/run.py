@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra.errors import CompactHydraException, HydraException
+from hydra.errors import CompactHydraException, HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
+from grammarrl.config.checks import missing_option_error
 from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.job import compose_job_config, validate
 from grammarrl.runs import rundir, tracking
@@ -187,9 +188,10 @@ def _in_multirun() -> bool:
 
 def check_command_line(argv: list[str]) -> DictConfig | None:
     """Refuse a single run's (or `--cfg`'s) bad config before Hydra starts: an unknown key,
-    with or without `+`, and every value `validate` checks. Exits 2 with one line naming the
-    key; returns the validated config (None where it checks nothing). Sweeps (`-m`) are checked
-    job by job in `dispatch`; custom config paths by Hydra."""
+    with or without `+`, a config group option that does not exist, and every value `validate`
+    checks. Exits 2 with one line naming the key; returns the validated config (None where it
+    checks nothing). Sweeps (`-m`) are checked job by job in `dispatch`; custom config paths
+    by Hydra."""
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
@@ -204,13 +206,23 @@ def check_command_line(argv: list[str]) -> DictConfig | None:
     ):
         return None
     try:
-        cfg = compose_job_config(args.overrides)
-        validate(cfg)
+        return checked_config(args.overrides)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except (HydraException, ValueError):
-        return None  # Hydra reports its own composition errors (a missing group option, ...)
+        return None  # Hydra reports its own composition errors (an ambiguous value, ...)
+
+
+def checked_config(overrides: list[str]) -> DictConfig:
+    """The job's config composed from `overrides` and validated (`python -m grammarrl.plan`
+    checks its config so too); a ConfigError names the bad key, or the group whose option
+    does not exist (`model=13b`) with its options."""
+    try:
+        cfg = compose_job_config(overrides)
+    except MissingConfigException as err:
+        raise missing_option_error(err) from None
+    validate(cfg)
     return cfg
 
 

@@ -130,6 +130,16 @@ def test_cli_names_a_model_it_cannot_plan(capsys, tmp_path):
     assert "model.path=nobody/unknown-model" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_model_option_that_does_not_exist_in_one_line(capsys):
+    """As `python -m grammarrl.run model=13b` does: one line naming the group's options."""
+    assert main(["model=13b"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert (
+        captured.err == "error: model=13b is invalid: expected one of 1b, 3b, 8b, smollm2, tiny\n"
+    )
+
+
 def test_fits_against_the_cards_reported_memory():
     from grammarrl.plan import CARDS_MIB, MemoryPlan
 

@@ -18,6 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -28,6 +29,12 @@ from grammarrl.config.schema_training import LOGGER_MODES
 from grammarrl.errors import ConfigError
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group (conf/<group>/*.yaml), empty for a group set in
+    config.yaml itself."""
+    return sorted(path.stem for path in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
 @functools.cache
@@ -64,6 +71,8 @@ def unknown_key_error(key: str) -> ConfigError:
         return ConfigError(
             f"{key}: GrammarRL sets this Trainer argument itself; use {TRAINER_SET[name]}"
         )
+    if key in known_keys():
+        return _absent_key_error(group, name)
     scores = {known: _similarity(key, known) for known in known_keys()}
     best = max(scores.values())
     closest = " or ".join([k for k, score in scores.items() if score == best][:3])
@@ -73,6 +82,27 @@ def unknown_key_error(key: str) -> ConfigError:
         else f"no known key is close, the nearest is {closest}; `--cfg job` prints them all"
     )
     return ConfigError(f"{key}: unknown config key ({hint})")
+
+
+def _absent_key_error(group: str, name: str) -> ConfigError:
+    """A known key the composed config lacks: the group options that set it, or how to add it
+    (a Trainer argument conf/ leaves out)."""
+    setting = [
+        f"{group}={option}"
+        for option in group_options(group)
+        if name in OmegaConf.load(Path(CONF_DIR) / group / f"{option}.yaml")
+    ]
+    if setting:
+        return ConfigError(f"{group}.{name}: applies to {' or '.join(setting)} only")
+    return ConfigError(f"{group}.{name}: conf/ does not set it; add it with +{group}.{name}=...")
+
+
+def missing_option_error(err: MissingConfigException) -> ConfigError:
+    """Hydra's missing config group option (`model=13b`) as one line naming the group and its
+    options."""
+    group, _, option = str(err.missing_cfg_file).rpartition("/")
+    options = ", ".join(err.options or [])
+    return ConfigError(f"{group}={option} is invalid: expected one of {options}")
 
 
 def check_known_keys(cfg: DictConfig) -> None:

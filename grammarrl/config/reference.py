@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from grammarrl.config import keys
-from grammarrl.config.checks import CONF_DIR
+from grammarrl.config.checks import CONF_DIR, group_options
 from grammarrl.config.keys import Key, bounds, key_of
 from grammarrl.config.schema import MOVED, SCALARS, SCHEMAS, TRAINER_SET
 
@@ -58,12 +58,6 @@ def _compose(overrides: list[str]) -> dict[str, Any]:
     values = OmegaConf.to_container(cfg, resolve=False)
     values["_choices"] = dict(values.pop("hydra")["runtime"]["choices"])
     return values
-
-
-def group_options(group: str) -> list[str]:
-    """The options of a config group (conf/<group>/*.yaml), empty for a group set in
-    config.yaml itself."""
-    return sorted(path.stem for path in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
 def _render(value: Any) -> str:

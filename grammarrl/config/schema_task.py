@@ -9,6 +9,8 @@ from typing import Any
 from grammarrl.config.keys import BOOKKEEPING, NOT_DIAGNOSE, key
 
 MODEL_SOURCES = ("hub", "embedded", "tiny")
+MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # model.dtype: torch's names
+DATA_SOURCES = ("local", "hub")  # data.source (grammarrl.tasks.common reads it)
 
 
 @dataclass
@@ -21,7 +23,9 @@ class TaskSchema:
     train_size: int | None = key("Training inputs used; null: every training input.", at_least=1)
     dev_size: int = key("Held-out dev inputs that calibrate the σ's.", at_least=1)
     num_fewshot: int = key("Demonstrations in each prompt.", at_least=0)
-    num_hints: int = key("Retrieved hints per prompt (gloss terms, CoNLL spans per type); 0: none.")
+    num_hints: int = key(
+        "Retrieved hints per prompt (gloss terms, CoNLL spans per type); 0: none.", at_least=0
+    )
     batch_size: int = key(
         "The task's prompts per training step (the default of optim.batch_size).", at_least=1
     )
@@ -34,8 +38,10 @@ class TaskSchema:
     max_new_tokens: int = key(
         "Cap on generated tokens per output; longer ones are flagged truncated.", at_least=1
     )
-    test_fraction: Any = key(
+    test_fraction: float | None = key(
         "One labelled pool (WoS, custom without a test file): the share kept as the test pool.",
+        above=0,
+        below=1,
         default=None,
     )
     _target_: Any = key(
@@ -99,7 +105,8 @@ class ModelSchema:
         choices=MODEL_SOURCES,
     )
     dtype: str = key(
-        "`auto` (bfloat16 on CUDA and CPUs with native bf16, else float32) or a torch dtype name."
+        "`auto` (bfloat16 on CUDA and CPUs with native bf16, else float32) or a torch dtype name.",
+        choices=MODEL_DTYPES,
     )
     path: Any = key(
         "A hub id or a local model folder (source=hub), the GGUF (embedded).", default=None
@@ -117,7 +124,10 @@ class DataSchema:
     dir: Any = key(
         "The data directory; default $GRAMMARRL_DATA_DIR, else the bundled samples (null)."
     )
-    source: str = key("`local` (data.dir) or `hub` (public Hugging Face datasets, needs internet).")
+    source: str = key(
+        "`local` (data.dir) or `hub` (public Hugging Face datasets, needs internet).",
+        choices=DATA_SOURCES,
+    )
     limit_train: int | None = key(
         "Cap on training inputs (CPU-sized runs); null: none.", at_least=1
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grammarrl.config.keys import BOOKKEEPING, CONTINUABLE, NOT_DIAGNOSE, key
+from grammarrl.config.keys import BOOKKEEPING, CONTINUABLE, NOT_DIAGNOSE, Rule, is_int, key
 
 OBJECTIVES = ("rloo", "amortised_is")  # train.objective: grammarrl.training.module
 PROPOSALS = ("policy", "reference")  # train.proposal: grammarrl.training.amortised
@@ -166,7 +166,9 @@ class RewardSchema:
 @dataclass
 class TrainerSchema:
     """The `lightning.pytorch.Trainer` arguments conf/trainer/default.yaml sets (built by
-    instantiate); a config may add any other argument but those of `TRAINER_SET`."""
+    instantiate), and those a config may add only with a value GrammarRL supports
+    (`accumulate_grad_batches`); a config may add any other argument but those of
+    `TRAINER_SET`."""
 
     _target_: str = key("The Trainer class, built by hydra.utils.instantiate.", modes=NOT_DIAGNOSE)
     accelerator: str = key(
@@ -174,7 +176,7 @@ class TrainerSchema:
         choices=ACCELERATORS,
         modes=NOT_DIAGNOSE,
     )
-    devices: Any = key("Processes (ranks); > 1 trains with DDP.", modes=NOT_DIAGNOSE)
+    devices: int = key("Processes (ranks); > 1 trains with DDP.", at_least=1, modes=NOT_DIAGNOSE)
     strategy: Any = key("Lightning's strategy (`auto`, `ddp`, ...).", modes=NOT_DIAGNOSE)
     max_steps: int = key("Training steps.", at_least=1, role=CONTINUABLE, modes=NOT_DIAGNOSE)
     gradient_clip_val: Any = key("Gradient norm clipping; null: none.", modes=NOT_DIAGNOSE)
@@ -196,6 +198,16 @@ class TrainerSchema:
     use_distributed_sampler: bool = key(
         "false: the step-indexed batch sampler already splits the inputs by rank.",
         modes=NOT_DIAGNOSE,
+    )
+    accumulate_grad_batches: Any = key(
+        "Left at 1: an optimizer step trains on one batch (optim.batch_size prompts).",
+        rule=Rule(
+            lambda value: is_int(value) and value == 1,
+            "1: the step-indexed batch sampler gives each optimizer step one batch (more would "
+            "replay batches and resume at the wrong one); raise optim.batch_size instead",
+        ),
+        modes=NOT_DIAGNOSE,
+        default=1,
     )
 
 

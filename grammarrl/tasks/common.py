@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
+from grammarrl.config.schema_task import DATA_SOURCES
 from grammarrl.data.hints import MINILM, HintIndex
 from grammarrl.data.sources import Row, SkipLog, data_root, fingerprint, relative_uid, task_dir
 from grammarrl.data.splits import make_splits
@@ -60,8 +61,9 @@ class CorpusTask(Task):
         """(source, root) of the task's rows: `data.source`, and when local the data root
         (`data.dir`, or the bundled samples)."""
         source = str(data.get("source", "local"))
-        if source not in ("local", "hub"):
-            raise ConfigError(f"data.source={source!r} is invalid: expected local or hub")
+        if source not in DATA_SOURCES:
+            expected = " or ".join(DATA_SOURCES)
+            raise ConfigError(f"data.source={source!r} is invalid: expected {expected}")
         return source, data_root(data.get("dir")) if source == "local" else None
 
     # ----- data -------------------------------------------------------------------------
