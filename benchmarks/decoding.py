@@ -108,10 +108,9 @@ def grammar_overhead(bench: Bench, task_name: str, num_prompts: int = 2) -> Benc
     )
 
 
-def group_rollout(
-    bench: Bench, task_name: str, num_samples: int = 3, beam_width: int = 3
-) -> BenchResult:
-    """One prompt's rollout group: ours (N samples + beam top-1, one prefill, the prompt KV kept
+def group_rollout(bench: Bench, task_name: str) -> BenchResult:
+    """One prompt's rollout group as training draws it (the config's `rollout` group: N, B,
+    temperature, length penalty): ours (N samples + beam top-1, one prefill, the prompt KV kept
     once: cascade attention) vs HF `generate` with Outlines' llguidance logits processor
     producing the same N samples (no beam: HF beam search reorders rows under Outlines' per-row
     matchers: its rows would no longer match their grammar states). Also timed, interleaved: ours with the prompt KV copied into
@@ -124,8 +123,10 @@ def group_rollout(
     from transformers import LogitsProcessorList
 
     from grammarrl.models.chat import end_of_turn_id
+    from grammarrl.rl.settings import RolloutSettings
 
     cfg = bench.config(f"task={task_name}")
+    rollout = RolloutSettings.from_config(cfg.rollout)
     model, tokenizer = bench.load(cfg)
     task, prompts = real_prompts(cfg, tokenizer, 1)
     prompt = prompts[0]
@@ -143,7 +144,14 @@ def group_rollout(
 
     def ours(dec: ConstrainedDecoder = decoder) -> list[int]:
         generator = torch.Generator().manual_seed(cfg.seed)
-        group = dec.rollout([prompt], num_samples, beam_width, generator=generator)[0]
+        group = dec.rollout(
+            [prompt],
+            rollout.num_samples,
+            rollout.beam_width,
+            rollout.temperature,
+            generator,
+            length_penalty=rollout.length_penalty,
+        )[0]
         return [len(g.token_ids) for g in group]
 
     @torch.inference_mode()
@@ -154,10 +162,10 @@ def group_rollout(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             do_sample=True,
-            temperature=1.0,
+            temperature=rollout.temperature,
             top_k=0,
             top_p=1.0,
-            num_return_sequences=num_samples,
+            num_return_sequences=rollout.num_samples,
             max_new_tokens=cfg.task.max_new_tokens,
             eos_token_id=stop,
             pad_token_id=stop,
@@ -182,13 +190,14 @@ def group_rollout(
         details={
             "task": task_name,
             "prompt_tokens": len(prompt),
-            "num_samples": num_samples,
-            "beam_width": beam_width,
+            "num_samples": rollout.num_samples,
+            "beam_width": rollout.beam_width,
+            "length_penalty": rollout.length_penalty,
             "ours_s": timing["ours"],
             "hf_generate_outlines_s": timing["hf_generate_outlines"],
             "copied_rows_s": timing["copied_rows"],
             "copied_rows_ratio": round(h / c, 4),
-            "peer_output_tokens": peer_lengths[-num_samples:],
+            "peer_output_tokens": peer_lengths[-rollout.num_samples :],
             "ratio_is": "peer seconds / our seconds (ours also runs the beam)",
         },
     )

@@ -137,7 +137,12 @@ def modes(prompts):
     """(name, call) of every decoding mode, several prompts at once."""
     return [
         ("greedy", lambda d: d.greedy(prompts)),
-        ("beam", lambda d: [g for r in d.beam(prompts, 3) for g in r.finished + [r.top]]),
+        (
+            "beam",
+            lambda d: [
+                g for r in d.beam(prompts, 3, length_penalty=1.0) for g in r.finished + [r.top]
+            ],
+        ),
         (
             "sample",
             lambda d: [
@@ -152,7 +157,9 @@ def modes(prompts):
             "rollout",
             lambda d: [
                 g
-                for grp in d.rollout(prompts, 3, 3, generator=torch.Generator().manual_seed(4))
+                for grp in d.rollout(
+                    prompts, 3, 3, generator=torch.Generator().manual_seed(4), length_penalty=1.0
+                )
                 for g in grp
             ],
         ),
@@ -211,7 +218,9 @@ def test_cascade_runs_the_decode_steps_and_restores_attention(model, tok, prompt
     before = model.config._attn_implementation
     dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=20)
     start = dec.forward_calls
-    gens = dec.rollout(prompts[:1], 2, 2, generator=torch.Generator().manual_seed(0))[0]
+    gens = dec.rollout(
+        prompts[:1], 2, 2, generator=torch.Generator().manual_seed(0), length_penalty=1.0
+    )[0]
     steps = dec.forward_calls - start - 1  # minus the prefill
     assert steps > 5 and len(calls) == steps * model.config.num_hidden_layers
     assert model.config._attn_implementation == before
@@ -248,8 +257,10 @@ def test_row_buffers_grow_past_their_first_capacity(model, tok, prompts, monkeyp
     )
     dec = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=14)
     copied = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=14, cascade=False)
-    a = dec.rollout(prompts, 2, 2, generator=torch.Generator().manual_seed(2))
-    b = copied.rollout(prompts, 2, 2, generator=torch.Generator().manual_seed(2))
+    a = dec.rollout(prompts, 2, 2, generator=torch.Generator().manual_seed(2), length_penalty=1.0)
+    b = copied.rollout(
+        prompts, 2, 2, generator=torch.Generator().manual_seed(2), length_penalty=1.0
+    )
     assert [ids(g) for g in a] == [ids(g) for g in b]
     assert max(len(g.token_ids) for grp in a for g in grp) > 6
 
@@ -279,8 +290,8 @@ def test_unsupported_attention_falls_back_to_copied_rows(tok, prompts):
     auto = ConstrainedDecoder(mistral, tok, JSON_GRAMMAR, max_new_tokens=10)
     copied = ConstrainedDecoder(mistral, tok, JSON_GRAMMAR, max_new_tokens=10, cascade=False)
     gen = lambda: torch.Generator().manual_seed(0)
-    assert [ids(g) for g in auto.rollout(prompts, 2, 2, generator=gen())] == [
-        ids(g) for g in copied.rollout(prompts, 2, 2, generator=gen())
+    assert [ids(g) for g in auto.rollout(prompts, 2, 2, generator=gen(), length_penalty=1.0)] == [
+        ids(g) for g in copied.rollout(prompts, 2, 2, generator=gen(), length_penalty=1.0)
     ]
     with pytest.raises(ValueError, match="cascade"):
         ConstrainedDecoder(mistral, tok, JSON_GRAMMAR, max_new_tokens=10, cascade=True).greedy(

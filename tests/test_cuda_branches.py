@@ -49,7 +49,9 @@ def test_cascade_rollout_with_cuda_attention_equals_the_cpu_kernel(
     CPU kernel) gives the CPU kernel's rollout: same tokens, log-probs within 1e-5 (they differ
     by about 2e-6; attention scores off by 1% move them by 3e-5 on this model)."""
     decoder = ConstrainedDecoder(model, tok, JSON_GRAMMAR, 10, cascade=True)
-    expected = decoder.rollout(prompts, 3, 3, generator=torch.Generator().manual_seed(0))
+    expected = decoder.rollout(
+        prompts, 3, 3, generator=torch.Generator().manual_seed(0), length_penalty=1.0
+    )
     as_on_cuda, explicit = cascade.uses_cpu_flash, []
 
     def off_cpu(device_type, *args, **kwargs):
@@ -58,7 +60,9 @@ def test_cascade_rollout_with_cuda_attention_equals_the_cpu_kernel(
 
     monkeypatch.setattr(cascade, "uses_cpu_flash", off_cpu)
     monkeypatch.setattr(cascade, "_CPU_FLASH", lambda *a, **k: pytest.fail("CPU kernel used"))
-    got = decoder.rollout(prompts, 3, 3, generator=torch.Generator().manual_seed(0))
+    got = decoder.rollout(
+        prompts, 3, 3, generator=torch.Generator().manual_seed(0), length_penalty=1.0
+    )
     assert explicit and all(explicit)
     for want_group, got_group in zip(expected, got):
         for want, have in zip(want_group, got_group):

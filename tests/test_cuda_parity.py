@@ -113,7 +113,9 @@ def test_cascade_rollout_matches_cpu(setup, device):
     assert supports_cascade(candidate.model)
     prompts = chat_prompts(setup[1])
     groups = [
-        decoder.rollout(prompts, 3, 3, generator=torch.Generator().manual_seed(1))
+        decoder.rollout(
+            prompts, 3, 3, generator=torch.Generator().manual_seed(1), length_penalty=1.0
+        )
         for decoder in (reference, candidate)
     ]
     for want, got in zip(*groups):

@@ -149,7 +149,11 @@ def test_each_constraint_compiles_and_constrains_decoding(tmp_path, tiny, kind):
     biased = EndBias(model, end_of_turn_id(tok), bias=6.0)
     decoder = ConstrainedDecoder(biased, tok, task.grammar(), max_new_tokens=40)
     groups = decoder.rollout(
-        prompts, num_samples=16, beam_width=2, generator=torch.Generator().manual_seed(0)
+        prompts,
+        num_samples=16,
+        beam_width=2,
+        generator=torch.Generator().manual_seed(0),
+        length_penalty=1.0,
     )
     gens = [g for group in groups for g in group] + decoder.greedy(prompts)
     finished = check_validity(task, tok, gens, 40)

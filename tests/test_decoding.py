@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from grammarrl.decoding import BeamResult, ConstrainedDecoder, GrammarError
+from grammarrl.evaluation.evaluate import decode_examples
 from grammarrl.models.chat import encode_prompt, end_of_turn_id
+from tests.conftest import compose_config
 from tests.support.decoding import (
     COLORS,
     FINITE_GRAMMAR,
@@ -91,7 +95,7 @@ def test_beam_width_one_equals_greedy(model, tok, prompts):
     for grammar, max_new in ((JSON_GRAMMAR, 20), (WORDS_GRAMMAR, 10)):
         dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=max_new)
         greedy = dec.greedy(prompts)
-        beams = dec.beam(prompts, beam_width=1)
+        beams = dec.beam(prompts, beam_width=1, length_penalty=0.0)
         for g, b in zip(greedy, beams):
             assert isinstance(b, BeamResult)
             assert b.top.kind == "beam"
@@ -104,7 +108,7 @@ def test_beam_matches_brute_force_beam_search(model, tok, prompts):
     """Forked matchers and reordered KV cache rows give the same search as recomputation."""
     width, max_new = 3, 16
     dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=max_new)
-    results = dec.beam(prompts[:2], beam_width=width)
+    results = dec.beam(prompts[:2], beam_width=width, length_penalty=0.0)
     for prompt, res in zip(prompts[:2], results):
         finished, _ = brute_beam(model, tok, JSON_GRAMMAR, prompt, width, max_new)
         assert [g.token_ids for g in res.finished] == [f[1] for f in finished]
@@ -119,15 +123,22 @@ def test_beam_matches_brute_force_beam_search(model, tok, prompts):
             assert_valid(tok, JSON_GRAMMAR, g, max_new)
 
 
+def short_or_long(model, tok, prompt: list[int]) -> tuple[str, str]:
+    """(grammar, its short output): "short" | "long" where the short one is the digit the model
+    prefers (two tokens with its end) and the long one five of the other digit, every token
+    after the first forced: the plain sum keeps the short one, a penalty of 1 the long one."""
+    first = ConstrainedDecoder(model, tok, 'start: "1" | "2"', max_new_tokens=2).greedy([prompt])
+    short = first[0].text
+    return f'start: "{short}" | "{("2" if short == "1" else "1") * 5}"', short
+
+
 def test_beam_length_penalty_matches_brute_force(model, tok, prompts):
     """Finished hypotheses ranked by sum / length**length_penalty (end token counted) with HF's
     stopping rule. On "short" | "long" where every token after the first is forced, both have
     about the same sum: the plain sum keeps the short one, a penalty of 1 the long one."""
     width, max_new = 3, 10
     prompt = prompts[0]
-    first = ConstrainedDecoder(model, tok, 'start: "1" | "2"', max_new_tokens=2).greedy([prompt])
-    short = first[0].text  # the digit the model prefers: a two-token output with its end
-    grammar = f'start: "{short}" | "{("2" if short == "1" else "1") * 5}"'  # 5 digit tokens
+    grammar, short = short_or_long(model, tok, prompt)
     dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=max_new)
     tops = {}
     for length_penalty in (0.0, 1.0, 2.0):
@@ -140,6 +151,48 @@ def test_beam_length_penalty_matches_brute_force(model, tok, prompts):
     assert tops[0.0] == short and len(tops[1.0]) == len(tops[2.0]) == 5
 
 
+def test_a_beam_has_no_length_penalty_of_its_own(model, tok, prompts):
+    """The decoder has no default length penalty (it was 0.0 while the config's is 1.0): beam,
+    rollout and beam evaluation refuse to run without one, so every caller passes the config's."""
+    grammar, _ = short_or_long(model, tok, prompts[0])
+    dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=10)
+    for method in (ConstrainedDecoder.beam, ConstrainedDecoder.rollout):
+        assert inspect.signature(method).parameters["length_penalty"].default is inspect._empty
+    with pytest.raises(TypeError, match="length_penalty"):
+        dec.beam(prompts[:1], 3)
+    with pytest.raises(TypeError, match="length_penalty"):
+        dec.rollout(prompts[:1], 1, 3)
+    task = SimpleNamespace()
+    with pytest.raises(ValueError, match="eval.length_penalty"):
+        decode_examples(dec, tok, task, [], "beam", 3, 1, progress=False)
+
+
+def test_the_rollout_benchmark_draws_the_configured_group(monkeypatch):
+    """benchmarks/decoding.py times the rollout group training draws: the config's N, B,
+    temperature and length penalty (here set on the bench's command line)."""
+    from benchmarks.common import Bench
+    from benchmarks.decoding import group_rollout
+
+    drawn = []
+    rollout = ConstrainedDecoder.rollout
+
+    def recording(self, *args, **kwargs):
+        call = inspect.signature(rollout).bind(self, *args, **kwargs)
+        call.apply_defaults()
+        drawn.append({k: v for k, v in call.arguments.items() if k not in ("self", "prompts")})
+        return rollout(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConstrainedDecoder, "rollout", recording)
+    overrides = ["data.dir=null", "task.max_new_tokens=4", "rollout.length_penalty=0.5"]
+    result = group_rollout(Bench(model="tiny", overrides=overrides, repeats=1, quick=True), "wos")
+    assert drawn and all(
+        (call["num_samples"], call["beam_width"], call["temperature"], call["length_penalty"])
+        == (3, 3, 1.0, 0.5)
+        for call in drawn
+    )
+    assert result.details["length_penalty"] == 0.5
+
+
 def test_beam_top_scores_at_least_greedy(model, tok, prompts):
     """A beam wide enough to be exhaustive on a finite language finds the exact best path, which
     scores at least greedy's; the narrow beams of the same search are checked on the JSON
@@ -149,7 +202,7 @@ def test_beam_top_scores_at_least_greedy(model, tok, prompts):
     for prompt in prompts[:2]:
         paths = enumerate_paths(model, tok, FINITE_GRAMMAR, prompt)
         best_path, best = max(paths.items(), key=lambda kv: kv[1])
-        res = dec.beam([prompt], beam_width=len(paths))[0]
+        res = dec.beam([prompt], beam_width=len(paths), length_penalty=0.0)[0]
         greedy = dec.greedy([prompt])[0]
         assert res.top.token_ids == list(best_path)
         assert res.top.sum_logp_constrained == pytest.approx(best, abs=1e-4)
@@ -159,7 +212,7 @@ def test_beam_top_scores_at_least_greedy(model, tok, prompts):
     dec = ConstrainedDecoder(model, tok, WORDS_GRAMMAR, max_new_tokens=6)
     greedy = dec.greedy(prompts)
     for width in (3, 5):
-        for g, b in zip(greedy, dec.beam(prompts, beam_width=width)):
+        for g, b in zip(greedy, dec.beam(prompts, width, length_penalty=0.0)):
             assert b.top.sum_logp_constrained >= g.sum_logp_constrained - 1e-5
 
 
@@ -167,7 +220,7 @@ def test_recorded_logprobs_equal_teacher_forcing(model, tok, prompts):
     max_new = 14
     dec = ConstrainedDecoder(model, tok, JSON_GRAMMAR, max_new_tokens=max_new)
     gen = torch.Generator().manual_seed(3)
-    groups = dec.rollout(prompts, num_samples=3, beam_width=2, generator=gen)
+    groups = dec.rollout(prompts, num_samples=3, beam_width=2, generator=gen, length_penalty=1.0)
     for prompt, group in zip(prompts, groups):
         assert [g.kind for g in group] == ["sample"] * 3 + ["beam"]
         for g in group:
@@ -256,14 +309,18 @@ def test_sampling_is_reproducible_and_rollout_shares_the_prompt(model, tok, prom
     )
     try:
         groups = dec.rollout(
-            prompts, num_samples=4, beam_width=3, generator=torch.Generator().manual_seed(5)
+            prompts,
+            num_samples=4,
+            beam_width=3,
+            generator=torch.Generator().manual_seed(5),
+            length_penalty=1.0,
         )
     finally:
         hook.remove()
     long_calls = [s for s in prefills if s[1] > 1]
     assert len(long_calls) == len(prompts)
     assert all(s[0] == 1 for s in long_calls)
-    beams = dec.beam(prompts, beam_width=3)
+    beams = dec.beam(prompts, beam_width=3, length_penalty=1.0)
     for grp, samples, beam in zip(groups, a, beams):
         assert len(grp) == 5
         assert [g.token_ids for g in grp[:4]] == [g.token_ids for g in samples]
@@ -280,11 +337,15 @@ def test_rollout_without_prefix_sharing_prefills_every_row_and_agrees(model, tok
         lambda mod, args, kwargs: prefills.append(kwargs["input_ids"].shape), with_kwargs=True
     )
     try:
-        alone = unshared.rollout(prompts, 3, 2, generator=torch.Generator().manual_seed(7))
+        alone = unshared.rollout(
+            prompts, 3, 2, generator=torch.Generator().manual_seed(7), length_penalty=1.0
+        )
     finally:
         hook.remove()
     assert len([s for s in prefills if s[1] > 1]) == len(prompts) * (3 + 1)
-    together = shared.rollout(prompts, 3, 2, generator=torch.Generator().manual_seed(7))
+    together = shared.rollout(
+        prompts, 3, 2, generator=torch.Generator().manual_seed(7), length_penalty=1.0
+    )
     ids = lambda groups: [[g.token_ids for g in grp] for grp in groups]
     assert ids(alone) == ids(together)
 
@@ -296,7 +357,7 @@ def test_truncation_and_end_of_turn_only_where_accepting(model, tok, prompts):
         assert g.truncated and not g.finished
         assert len(g.token_ids) == 6 and stop not in g.token_ids
         assert_valid(tok, JSON_GRAMMAR, g, 6)
-    beams = dec.beam(prompts, beam_width=2)
+    beams = dec.beam(prompts, beam_width=2, length_penalty=1.0)
     for b in beams:
         assert b.top.truncated and not b.top.finished and b.finished == []
 
@@ -306,7 +367,11 @@ def test_random_model_outputs_are_valid(model, tok, prompts):
     for grammar in (JSON_GRAMMAR, WORDS_GRAMMAR, FINITE_GRAMMAR):
         dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=max_new)
         groups = dec.rollout(
-            prompts, num_samples=40, beam_width=3, generator=torch.Generator().manual_seed(0)
+            prompts,
+            num_samples=40,
+            beam_width=3,
+            generator=torch.Generator().manual_seed(0),
+            length_penalty=1.0,
         )
         gens = [g for grp in groups for g in grp] + dec.greedy(prompts)
         assert len(gens) >= 120
@@ -341,7 +406,6 @@ def test_peft_model_and_training_mode(model, tok, prompts):
     import copy
 
     from grammarrl.models.loading import add_lora
-    from tests.conftest import compose_config
 
     cfg = compose_config(["model=tiny"])
 
@@ -395,7 +459,11 @@ def test_cache_rows_never_read_another_prompts_kv(model, tok, monkeypatch, casca
     dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=6, cascade=cascade)
     for seed in range(24):
         groups = dec.rollout(
-            prompts, num_samples=2, beam_width=3, generator=torch.Generator().manual_seed(seed)
+            prompts,
+            num_samples=2,
+            beam_width=3,
+            generator=torch.Generator().manual_seed(seed),
+            length_penalty=1.0,
         )
         for prompt, group in zip(prompts, groups):
             for gen in group:
@@ -425,7 +493,7 @@ def test_output_completed_at_the_cap_is_finished_not_truncated(model, tok, promp
     dec = ConstrainedDecoder(model, tok, grammar, max_new_tokens=cap)
     gens = (
         dec.greedy(prompts)
-        + [b.top for b in dec.beam(prompts, 2)]
+        + [b.top for b in dec.beam(prompts, 2, length_penalty=1.0)]
         + [
             s
             for grp in dec.sample(prompts, 3, generator=torch.Generator().manual_seed(0))
@@ -456,13 +524,13 @@ def test_a_grammar_dead_end_is_an_error_not_a_finished_output(model, tok, prompt
     nothing = ConstrainedDecoder(model, tok, f"start: A\n{DEAD_END}", max_new_tokens=8)
     gens = (
         nothing.greedy(prompts)
-        + [b.top for b in nothing.beam(prompts, 2)]
+        + [b.top for b in nothing.beam(prompts, 2, length_penalty=1.0)]
         + [s for grp in nothing.sample(prompts, 2) for s in grp]
     )
     for g in gens:
         assert g.token_ids == [] and not g.finished and not g.truncated and g.error
         assert "\n" not in g.error  # one line, not llguidance's state dump
-    assert all(b.finished == [] for b in nothing.beam(prompts, 2))
+    assert all(b.finished == [] for b in nothing.beam(prompts, 2, length_penalty=1.0))
 
     branch = ConstrainedDecoder(model, tok, f'start: "1" | "2" " " A\n{DEAD_END}', max_new_tokens=8)
     samples = [

@@ -22,7 +22,11 @@ def test_random_model_is_valid_on_task_grammar(tiny, name):
     biased = EndBias(model, end_of_turn_id(tok), bias=6.0)
     dec = ConstrainedDecoder(biased, tok, task.grammar(), max_new_tokens=max_new)
     groups = dec.rollout(
-        prompts, num_samples=64, beam_width=3, generator=torch.Generator().manual_seed(0)
+        prompts,
+        num_samples=64,
+        beam_width=3,
+        generator=torch.Generator().manual_seed(0),
+        length_penalty=1.0,
     )
     gens = [g for grp in groups for g in grp] + dec.greedy(prompts)
     assert len(gens) >= 190
@@ -45,7 +49,11 @@ def test_random_model_is_valid_on_real_task_grammar(tiny, real_data_dir, name):
     biased = EndBias(model, end_of_turn_id(tok), bias=8.0)
     dec = ConstrainedDecoder(biased, tok, task.grammar(), max_new_tokens=max_new)
     groups = dec.rollout(
-        prompts, num_samples=50, beam_width=3, generator=torch.Generator().manual_seed(0)
+        prompts,
+        num_samples=50,
+        beam_width=3,
+        generator=torch.Generator().manual_seed(0),
+        length_penalty=1.0,
     )
     gens = [g for grp in groups for g in grp]
     finished = check_validity(task, tok, gens, max_new)

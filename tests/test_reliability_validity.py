@@ -48,10 +48,12 @@ def test_every_output_is_valid_or_flagged_truncated(tiny, sample_tasks, name, me
         elif method == "sample":
             gens = [g for group in decoder.sample(prompts, 4, generator=generator) for g in group]
         elif method == "beam":
-            results = decoder.beam(prompts, 3)
+            results = decoder.beam(prompts, 3, length_penalty=1.0)
             gens = [r.top for r in results] + [g for r in results for g in r.finished]
         else:
-            groups = decoder.rollout(prompts, num_samples=3, beam_width=3, generator=generator)
+            groups = decoder.rollout(
+                prompts, num_samples=3, beam_width=3, generator=generator, length_penalty=1.0
+            )
             gens = [g for group in groups for g in group]
     assert gens and all(g.kind in (method, "beam", "sample", "greedy") for g in gens)
     check_validity(task, tok, gens, MAX_NEW)  # finished => accepted and parsed; else truncated

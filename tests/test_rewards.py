@@ -10,6 +10,7 @@ from grammarrl.decoding.scoring import common_prefix_length, sequence_logprobs
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.loading import add_lora, reference_mode
 from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.search.potentials import ReversePotential
 from grammarrl.types import Example
 from tests.conftest import compose_config
 from tests.support.tasks import WORDS, ToyTask
@@ -119,3 +120,37 @@ def test_the_static_part_of_forward_prompts_is_run_once_and_scores_stay_exact(ti
         expected = [None, static, static, 3][i]
         prefix = cached.forward_static_prefix(prompt)
         assert (prefix and len(prefix.tokens)) == expected
+
+
+def test_outputs_that_merge_with_the_reverse_template_are_scored_without_the_static_prefix(tiny):
+    """Leading spaces or a blank line merge with the reverse template's last token, so such a
+    reverse prompt does not start with the static prefix (tokenized from stand-in outputs): its
+    row is scored without it, in the candidates' order, exactly as without sharing."""
+    model, tokenizer = tiny
+    task = ToyTask(WORDS)
+    example = Example(uid="toy/3", input="Alpha waves.", target="alpha")
+    texts = ["  ab", "A", "\n\nx", "  cd"]
+    shared, plain = (
+        ReferenceScorer(model, tokenizer, task),
+        ReferenceScorer(model, tokenizer, task, share_prefix=False),
+    )
+    static = shared.reverse_static_prefix().tokens
+    reverse = [encode_prompt(tokenizer, task.reverse_messages(t)) for t in texts]
+    assert [r[: len(static)] == static for r in reverse] == [False, True, False, False]
+    got, positions = shared.reverse_logprobs(example, texts)
+    want, _ = plain.reverse_logprobs(example, texts)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-5)
+    potential = ReversePotential(shared)  # the search's reverse potential scores them too
+    assert potential.complete(example, texts) == pytest.approx(
+        [float(w.sum()) for w in want], abs=1e-3
+    )
+    assert potential.forward_tokens == positions
+    prompt = encode_prompt(tokenizer, task.forward_messages(example))
+    cands = [tokenizer.encode(t, add_special_tokens=False) + [2] for t in texts]
+    scores = shared.score(example, prompt, cands, texts)
+    assert torch.allclose(scores.reverse, plain.score(example, prompt, cands, texts).reverse)
+    # accounting: the fitting row runs after the cached prefix, the others on their own
+    fitting = shared.reverse_logprobs(example, ["A"])[1]
+    assert fitting == len(reverse[1]) + len(shared.input_ids(example)) - len(static)
+    assert positions == fitting + shared.reverse_logprobs(example, ["  ab", "\n\nx", "  cd"])[1]

@@ -120,10 +120,11 @@ class ConstrainedDecoder(ModelForward):
         return [o.greedy + o.samples for o in outs]
 
     def beam(
-        self, prompts: list[list[int]], beam_width: int, length_penalty: float = 0.0
+        self, prompts: list[list[int]], beam_width: int, length_penalty: float
     ) -> list[BeamResult]:
         """Constrained beam search; finished hypotheses are ranked by summed constrained
-        log-prob / length**length_penalty (0: the plain sum; HF `generate` defaults to 1)."""
+        log-prob / length**length_penalty (0: the plain sum). No default here: the value is the
+        config's (`rollout.length_penalty`, `eval.length_penalty`), given by every caller."""
         outs = self._decode(prompts, beam_width=beam_width, length_penalty=length_penalty)
         return [o.beam for o in outs]
 
@@ -134,7 +135,8 @@ class ConstrainedDecoder(ModelForward):
         beam_width: int,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
-        length_penalty: float = 0.0,
+        *,
+        length_penalty: float,
     ) -> list[list[Generation]]:
         """Per prompt: N constrained samples then the constrained beam top-1 (N+1 outputs). The
         prompt is prefilled once; samples and beams decode together, sharing its KV cache."""
@@ -158,7 +160,7 @@ class ConstrainedDecoder(ModelForward):
         beam_width: int = 0,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
-        length_penalty: float = 0.0,
+        length_penalty: float | None = None,
     ) -> list[_Outputs]:
         if num_samples < 0 or beam_width < 0:
             raise ValueError("num_samples and beam_width must be >= 0")

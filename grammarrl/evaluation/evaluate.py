@@ -137,9 +137,12 @@ def decode_examples(
     beam_width: int,
     batch_size: int,
     progress: bool = True,
-    length_penalty: float = 0.0,
+    length_penalty: float | None = None,
 ) -> dict[str, Generation]:
-    """Decode each distinct example once (by uid), in length-sorted batches; uid -> output."""
+    """Decode each distinct example once (by uid), in length-sorted batches; uid -> output.
+    Beam decoding needs the configured `length_penalty` (`eval.length_penalty`)."""
+    if decoding == "beam" and length_penalty is None:
+        raise ValueError("beam decoding needs a length_penalty (eval.length_penalty)")
     from tqdm.auto import tqdm
 
     _, prompts, order = distinct_prompts(tokenizer, task, examples)

@@ -89,25 +89,34 @@ class ReferenceScorer:
         self, example: Example, candidate_texts: list[str]
     ) -> tuple[list[torch.Tensor], int]:
         """Per-token log pi_ref(x_k | tau(y), x_<k) of x after each candidate y's reverse prompt,
-        and the token positions run for them (the sequences after the cached static prefix)."""
-        reverse_prefix = self.reverse_static_prefix() if self.share_prefix else None
+        and the token positions run for them (the sequences after the cached static prefix).
+
+        The static prefix is tokenized from stand-in outputs: a candidate whose first characters
+        merge with the template's last token (leading spaces, a blank line) does not start with
+        its tokens, and its row is scored without it (the rows still share their common part)."""
+        static = self.reverse_static_prefix() if self.share_prefix else None
         x_ids = self.input_ids(example)
         reverse_prompts = [
             encode_prompt(self.tokenizer, self.task.reverse_messages(text))
             for text in candidate_texts
         ]
         sequences = [p + x_ids for p in reverse_prompts]
-        with reference_mode(self.model):
-            logps = sequence_logprobs(
-                self.model,
-                sequences,
-                [len(p) for p in reverse_prompts],
-                share_prefix=self.share_prefix,
-                prefix=reverse_prefix,
-            )
-        return logps, positions_run(
-            sequences, [len(p) for p in reverse_prompts], self.share_prefix, reverse_prefix
-        )
+        cached = static.tokens if static is not None else []
+        fits = [seq[: len(cached)] == cached for seq in sequences]
+        logps: dict[int, torch.Tensor] = {}
+        positions = 0
+        for prefix, group in ((static, True), (None, False)):
+            rows = [i for i, fit in enumerate(fits) if fit == group]
+            if not rows:
+                continue
+            seqs, starts = [sequences[i] for i in rows], [len(reverse_prompts[i]) for i in rows]
+            with reference_mode(self.model):
+                scored = sequence_logprobs(
+                    self.model, seqs, starts, share_prefix=self.share_prefix, prefix=prefix
+                )
+            logps.update(zip(rows, scored))
+            positions += positions_run(seqs, starts, self.share_prefix, prefix)
+        return [logps[i] for i in range(len(sequences))], positions
 
     @torch.no_grad()
     def forward_logprobs(
