@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from grammarrl.evaluation.costs import machine as recorded_machine
 from grammarrl.job import compose_job_config, validate
 from grammarrl.models.chat import encode_prompt
 from grammarrl.runs.timing import synchronize
@@ -134,16 +134,6 @@ def release_memory() -> None:
 
 
 def machine() -> dict[str, Any]:
-    """Where the numbers come from."""
-    info = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
-    if torch.cuda.is_available():
-        info["cuda_device"] = torch.cuda.get_device_name(0)
-    return info
+    """Where the numbers come from: the machine evaluations record, and the load beside them."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {**recorded_machine(), "load_average": load}

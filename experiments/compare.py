@@ -14,9 +14,10 @@ bf16/batching noise). The spread between sets (of the draw-averaged scores) and 
 (within a set) are reported apart. Differences against reference systems use only the sets both
 measured, with a paired bootstrap that resamples examples (the same for both systems) and each
 system's draws. Per-set scores are recomputed from the predictions' tp/fp/fn where the metric is
-micro-F1, and must agree with the results file. The reading (`results_files`), the systems'
-keys (`system_keys`), the pooling (`pool`) and the paired bootstrap (`paired`) are building
-blocks of their own.
+micro-F1, and must agree with the results file. Each system's cost, forward token positions
+per output (`costs`), sits beside its quality, and per task a frontier plot (`frontier`) places
+every system by both. The reading (`results_files`), the systems' keys (`system_keys`), the
+pooling (`pool`) and the paired bootstrap (`paired`) are building blocks of their own.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from experiments.costs import cost_text, pooled_cost
+from experiments.frontier import frontier_plots
 from experiments.intervals import COUNTS, RESAMPLES, SEED
 from experiments.paired import paired_bootstrap
 from experiments.pool import (
@@ -49,6 +52,7 @@ from grammarrl.runs.results import mean_std
 __all__ = ["COUNTS", "SEARCH_NAMES", "collect", "comparison", "comparison_table", "report"]
 
 NAME = "comparison"
+COST_COLUMN = "forward tokens / output"
 DRAWINGS = {
     SEED_PLUS_INDEX: "seed_plus_index (set i of seed s drawn with Random(s+i): seeds overlap)",
     "disjoint": "disjoint (the sets of different seeds share no example)",
@@ -112,6 +116,7 @@ def _summary(system: PooledSystem, names: dict[SetId, str]) -> dict[str, Any]:
         "mean": mean_std(means)[0],
         "between_set_std": mean_std(means)[1] if len(means) > 1 else None,
         "between_draw_std": between_draw_std(system),
+        "cost": pooled_cost(system.costs.values()),
         "sets": {
             names[s]: {"draws": d.scores, "mean": d.mean, "origins": d.origins}
             for s, d in sorted(system.sets.items(), key=lambda item: names[item[0]])
@@ -227,6 +232,7 @@ def _row(system: dict[str, Any], references: Sequence[str]) -> Row:
         Cell(text=_number(system["between_draw_std"])),
         Cell(text=f"{system['num_sets']} × {draws}"),
         Cell(text=", ".join(system["drawings"])),
+        Cell(text=cost_text(system["cost"])),
     ]
     for reference in references:
         cells += _versus_cells(system, reference)
@@ -247,7 +253,10 @@ def _caption(data: dict[str, Any]) -> str:
         "per-set difference (row - reference) on the sets both measured, mean ± std (sets "
         f"ahead/shared sets); bootstrap: 95% interval and P(>0) over {data['resamples']:,} "
         f"resamples (seed {data['seed']}) of each shared set's examples (the same for both) and of "
-        "each system's draws." + (f" Partially overlapping sets: {overlaps}." if overlaps else "")
+        f"each system's draws. {COST_COLUMN}: model forward token positions per distinct "
+        "output (one draw of a search), generation plus a search's potential; n/a where a "
+        "results file records none."
+        + (f" Partially overlapping sets: {overlaps}." if overlaps else "")
     )
 
 
@@ -282,7 +291,7 @@ def _notes(data: dict[str, Any]) -> list[str]:
 def comparison_table(data: dict[str, Any]) -> Table:
     """comparison.md / .tex: one row per system, the differences against each reference."""
     header = ["system", f"{data['metric']} mean", "between-set std", "between-draw std"]
-    header += ["sets × draws", "drawing"]
+    header += ["sets × draws", "drawing", COST_COLUMN]
     for reference in data["references"]:
         header += [f"diff vs {reference}", f"bootstrap 95% vs {reference}"]
     rows = [_row(system, data["references"]) for system in data["systems"]]
@@ -292,7 +301,7 @@ def comparison_table(data: dict[str, Any]) -> Table:
 
 
 def report(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list[Path]:
-    """`<out>/comparison.md`, `.tex` and `.json`."""
+    """`<out>/comparison.md`, `.tex` and `.json`, and per task `frontier_<task>.png`."""
     data = comparison(
         evals, getattr(args, "reference", None) or (), getattr(args, "label", None) or ()
     )
@@ -302,4 +311,4 @@ def report(evals: list[Evaluation], out: Path, args: argparse.Namespace) -> list
     paths[0].write_text(to_markdown(table), encoding="utf-8")
     paths[1].write_text(to_latex(table), encoding="utf-8")
     paths[2].write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return paths
+    return paths + frontier_plots(data, out)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.costs import FileCost, file_cost
 from experiments.results_files import (
     Grouped,
     checked,
@@ -51,7 +52,7 @@ class SetDraws:
 
 @dataclass
 class PooledSystem:
-    """Every measurement of one system, by distinct test set."""
+    """Every measurement of one system, by distinct test set, and each results file's cost."""
 
     key: Key
     label: str
@@ -59,6 +60,7 @@ class PooledSystem:
     runs: set[str] = field(default_factory=set)
     drawings: set[str] = field(default_factory=set)
     pooled: list[str] = field(default_factory=list)  # the labels --label pooled into it
+    costs: dict[str, FileCost | None] = field(default_factory=dict)  # by results file
 
     @property
     def deterministic(self) -> bool:
@@ -100,6 +102,7 @@ def _add(pool: Pool, ev: Evaluation) -> None:
             )
         system = _system(pool, ev, selection)
         system.runs.add(source(ev))
+        system.costs[source(ev)] = file_cost(ev)
         system.drawings.add(drawing)
         _measure(system, ev, selection, per_draw, sets, grouped)
 
@@ -197,6 +200,7 @@ def relabel(systems: Sequence[PooledSystem], specs: Sequence[str]) -> list[Poole
             )
         target.pooled.append(system.label)
         target.runs |= system.runs
+        target.costs |= system.costs
         target.drawings |= system.drawings
         for uids, draws in system.sets.items():
             entry = target.sets.setdefault(uids, SetDraws())

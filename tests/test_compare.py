@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from experiments import aggregate as agg
-from experiments import compare
+from experiments import compare, frontier
 from grammarrl.runs.results import build_results
 from grammarrl.tasks.conll import FIELDS
 from tests.support.runs import md_rows
@@ -105,11 +105,13 @@ def write_run(
     seed: int = 0,
     adapter: str | None = None,
     new: bool = False,
+    costs: dict[str, int] | None = None,
 ) -> Path:
     """A run directory (results.json, predictions.jsonl, .hydra/config.yaml). `outputs`:
     selection -> [draw][set][example] (tp, fp, fn); the first selection is the decoding, a
     search method (rerank, is) making it a search run. `new`: the schema with drawing, set ids,
-    sampler seeds and per-draw scores; else the older one (one draw, selections as text)."""
+    sampler seeds and per-draw scores; else the older one (one draw, selections as text).
+    `costs`: the forward token counts results record (`grammarrl.evaluation.costs`)."""
     decoding = next(iter(outputs))
     search = decoding in compare.SEARCH_NAMES
     config = {
@@ -133,6 +135,7 @@ def write_run(
         seed=seed,
         adapter=adapter,
         **results_fields(sets, outputs, new),
+        **(costs or {}),
     )
     path = root / name
     (path / ".hydra").mkdir(parents=True)
@@ -220,6 +223,63 @@ def test_the_bootstrap_resamples_the_draws(tmp_path: Path):
     assert both["p_above_zero"] == pytest.approx(0.25, abs=0.02)
 
 
+def cost(generation: int, outputs: int, potential: int | None = None) -> dict[str, int]:
+    """The counts a results file records: one draw's forward tokens over its distinct outputs."""
+    found = {"forward_tokens": generation, "num_unique_examples": outputs}
+    return found | ({} if potential is None else {"potential_forward_tokens": potential})
+
+
+def test_the_cost_column_is_forward_tokens_per_output(tmp_path: Path, capsys):
+    """Generation plus potential over the outputs of every file a system pools (a search's paired
+    selection costs what its run did); a file without counts (older greedy) reads n/a."""
+    runs = tmp_path / "runs"
+    write_run(runs, "old", [uids("A")], {"greedy": [[HALF]]})
+    write_run(runs, "ad", [uids("A")], {"greedy": [[ONE]]}, adapter="/x/ad", costs=cost(60, 2))
+    for name, ids, counts in (("r0", "A", cost(600, 2, 200)), ("r1", "B", cost(1000, 2, 400))):
+        outputs = {"rerank": [[ONE], [HALF]], "is": [[ONE], [ONE]]}
+        write_run(runs, name, [uids(ids)], outputs, new=True, costs=counts)
+    rows, data, _ = run_compare(tmp_path)
+    # (600 + 200 + 1000 + 400) / 4 outputs; the adapter's 60 / 2
+    costs = {label: row[5] for label, row in rows.items()}
+    assert costs == {
+        "system": "forward tokens / output",  # the header
+        "frozen greedy": "n/a",
+        "adapter ad greedy": "30",
+        "Sample-Rerank(4)": "550",
+        "Full IS(4) on Sample-Rerank particles": "550",
+    }
+    assert system(data, "frozen greedy")["cost"] is None
+    assert system(data, "Sample-Rerank(4)")["cost"] == {
+        "tokens_per_output": 550.0,
+        "generation_per_output": 400.0,
+        "potential_per_output": 150.0,
+        "reward_scoring_per_output": None,
+        "outputs": 4,
+        "files": 2,
+    }
+    assert (tmp_path / "out" / "frontier_conll.png").stat().st_size > 0
+    assert str(tmp_path / "out" / "frontier_conll.png") in capsys.readouterr().out
+
+
+def test_the_frontier_places_each_system_by_cost_with_its_paired_interval(tmp_path: Path):
+    """Sample-Rerank (mean 0.5) against frozen greedy (0.5): its paired interval [-0.5, +0.5]
+    sits around its mean; the reference has no interval against itself."""
+    right, wrong, half = [(1, 0, 0)] * 10, [(0, 1, 1)] * 10, [(1, 1, 1)] * 10
+    examples, runs = uids("E", size=10, absolute=False), tmp_path / "runs"
+    greedy_cost, rerank_cost = cost(50, 10), cost(300, 10, 100)
+    write_run(runs, "greedy", [examples], {"greedy": [[half]]}, new=True, costs=greedy_cost)
+    outputs = {"rerank": [[right], [wrong]]}
+    write_run(runs, "rerank", [examples], outputs, new=True, costs=rerank_cost)
+    _, data, _ = run_compare(tmp_path, "--reference", "frozen greedy")
+    reference, points = frontier.frontier_points(data)["conll"]
+    assert reference["label"] == "frozen greedy"
+    by_label = {point.label: point for point in points}
+    assert by_label["frozen greedy"].tokens == 5 and by_label["frozen greedy"].interval is None
+    rerank = by_label["Sample-Rerank(4)"]
+    assert (rerank.tokens, rerank.mean) == pytest.approx((40, 0.5))
+    assert rerank.interval == pytest.approx((0.0, 1.0))
+
+
 def test_absolute_and_relative_uids_of_one_example_pair_up(tmp_path: Path):
     """An old frozen greedy run (absolute uids, seed_plus_index) and a new adapter run
     (relative uids, disjoint) on the same examples measure one set, and are paired on it."""
@@ -231,7 +291,7 @@ def test_absolute_and_relative_uids_of_one_example_pair_up(tmp_path: Path):
     versus = system(data, "adapter ad greedy")["versus"][0]
     assert (versus["shared_sets"], versus["sets_ahead"]) == (1, 1)
     assert versus["mean"] == pytest.approx(0.5)
-    assert rows["adapter ad greedy"][4:6] == ["disjoint", "+0.500 (1/1)"]
+    assert rows["adapter ad greedy"][4:7] == ["disjoint", "n/a", "+0.500 (1/1)"]
     assert data["sets"]["S1"]["uids"] == new_ids[0]
 
 

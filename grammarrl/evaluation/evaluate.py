@@ -3,7 +3,9 @@ seeded test sets, scored with the task metric.
 
 Distinct examples shared by several test sets are decoded once (predictions cached by uid), in
 batches of `eval.batch_size` prompts sorted by length. Writes `results.json` and
-`predictions.jsonl` into the run directory (schema in `grammarrl.runs.results`).
+`predictions.jsonl` into the run directory (schema in `grammarrl.runs.results`), with the cost
+of the pass: forward token positions per output, wall seconds, the machine
+(`grammarrl.evaluation.costs`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
+from grammarrl.evaluation.costs import Pass, cost_fields, counted
 from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.evaluation.test_sets import check_gold, sets_summary, test_examples
 from grammarrl.models.chat import encode_prompt
@@ -327,9 +330,10 @@ def evaluate(
         length_penalty=settings.length_penalty,
     )
     seconds = time.perf_counter() - started
-    rewards = None
+    rewards, scoring = None, Pass()
     if settings.score_rewards:
-        rewards = output_rewards(model, tokenizer, task, all_examples, outputs, progress)
+        with counted(model) as scoring:
+            rewards = output_rewards(model, tokenizer, task, all_examples, outputs, progress)
     scores, per_set, rows = score_test_sets(task, test_sets, outputs, rewards)
     unique = list(outputs.values())
     results = build_results(
@@ -347,6 +351,7 @@ def evaluate(
         adapter=adapter_name(adapter),
         device=str(decoder.device),
         dtype=dtype_name(model),
+        **cost_fields(len(unique), decoder.forward_tokens, scoring, decoder.device),
         per_set=per_set,
         **check_gold(task, tokenizer, all_examples),
     )

@@ -12,9 +12,10 @@ potential, resampled when ESS < N/3 (smc only), then reduced to one output (post
 potential's argmax for rerank). rerank and is draw the very same particles for the same seed
 (paired, as in the paper), and each run also reports the other's selection on its particles.
 
-Cost: with `search.greedy_baseline` (default) the run first decodes the same examples greedily
-with the same decoder, and reports wall-time and forward-token ratios of one draw against that
-pass.
+Cost: one draw's forward token positions of generation and of the potential, in total and per
+output (`grammarrl.evaluation.costs`), and the machine; with `search.greedy_baseline` (default)
+the run first decodes the same examples greedily with the same decoder, and reports wall-time
+and forward-token ratios of one draw against that pass.
 Writes results.json and predictions.jsonl (schema in `grammarrl.runs.results`, plus the search fields
 documented in docs/search.md).
 """
@@ -32,6 +33,7 @@ from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, smc
+from grammarrl.evaluation.costs import Pass, cost_fields, counted
 from grammarrl.evaluation.evaluate import (
     decode_examples,
     distinct_prompts,
@@ -150,6 +152,7 @@ class _Draw:
     seconds: float
     potential_seconds: float
     search_tokens: int
+    rewards: Pass  # the eval.score_rewards pass over the selected outputs
 
     @property
     def scores(self) -> list[float]:
@@ -232,6 +235,10 @@ def _results(
     seconds = sum(d.seconds for d in draws) / len(draws)  # one draw's cost
     potential_seconds = sum(d.potential_seconds for d in draws) / len(draws)
     search_tokens = sum(d.search_tokens for d in draws) // len(draws)
+    rewards = Pass(
+        sum(d.rewards.tokens for d in draws) // len(draws),
+        sum(d.rewards.seconds for d in draws) / len(draws),
+    )
     pooled = [g for d in draws for g in d.selected.values()]
     return build_results(
         task=task.name,
@@ -253,8 +260,7 @@ def _results(
         ),
         selections=selection_scores([d.picks for d in draws]),
         potential_seconds=potential_seconds,
-        forward_tokens=search_tokens,
-        potential_forward_tokens=potential_tokens,
+        **cost_fields(len(draws[0].selected), search_tokens, rewards, device, potential_tokens),
         **sets_summary(
             evaluation.test_sets, evaluation.max_new_tokens, task, test_sets, len(draws[0].selected)
         ),
@@ -287,9 +293,10 @@ def _draw(
     search_tokens = decoder.forward_tokens - tokens0
     picks = Selections(task, populations, settings.method, settings.posterior_draws, sampler_seed)
     selected = picks.selected()
-    rewards = None
+    rewards, scoring = None, Pass()
     if score_rewards:
-        rewards = output_rewards(model, tokenizer, task, all_examples, selected, progress)
+        with counted(model) as scoring:
+            rewards = output_rewards(model, tokenizer, task, all_examples, selected, progress)
     _, per_set, rows = score_test_sets(
         task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
     )
@@ -303,6 +310,7 @@ def _draw(
         seconds,
         potential_seconds,
         search_tokens,
+        scoring,
     )
 
 
