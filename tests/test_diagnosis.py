@@ -14,6 +14,7 @@ import pytest
 
 from grammarrl.diagnosis.candidates import Group
 from grammarrl.diagnosis.concordance import ALL, Pair, concordance, pairs_of
+from grammarrl.diagnosis.crossfit import lift_interval
 from grammarrl.diagnosis.perturb import (
     WHOLE,
     FieldDomain,
@@ -27,10 +28,8 @@ from grammarrl.diagnosis.selection import (
     Sigmas,
     argmax_index,
     lambda_curve,
-    lift_interval,
     oracle_index,
 )
-from grammarrl.diagnosis.verdict import make_verdict
 from grammarrl.errors import ConfigError
 from grammarrl.job import validate
 from grammarrl.types import Example
@@ -172,18 +171,16 @@ def test_the_oracle_prefers_inventing_nothing_where_gold_is_empty(tickets):
     assert oracle_index(tickets, group) == 1
 
 
-def test_lift_interval_is_paired_over_the_labelled_inputs(tickets):
+def test_lift_interval_is_paired_over_the_inputs(tickets):
     gold = _ticket("billing")
     right = Group(Example("a", "x", gold), [_ticket("shipping"), gold], [-1.0, -2.0], [-1, -1])
     same = Group(Example("b", "y", gold), [gold, gold], [-1.0, -1.0], [-1.0, -1.0])
-    unlabelled = Group(Example("c", "z", ""), [gold, gold], [-1.0, -1.0], [-1.0, -1.0])
-    groups = [right, same, unlabelled]
-    assert lift_interval(tickets, groups, [0, 0, 0]) == (0.0, 0.0)  # greedy against itself
+    groups = [right, same]
+    assert lift_interval(tickets, groups, [0, 0], draws=200) == (0.0, 0.0)  # greedy vs itself
     # greedy F1: 4/6 on `right`, 1 on `same`; a resample of the two labelled inputs holds
     # `right` 0, 1 or 2 times (a quarter, a half, a quarter of draws): lift 0, 1/6 or 1/3
-    low, high = lift_interval(tickets, groups, [1, 0, 0], draws=200, seed=0)
+    low, high = lift_interval(tickets, groups, [1, 0], draws=2000, seed=0)
     assert (low, high) == pytest.approx((0.0, 1 / 3))
-    assert lift_interval(tickets, [unlabelled], [1]) is None
 
 
 def test_without_gold_the_curve_has_the_reward_gap_and_how_often_the_argmax_moves(tickets):
@@ -209,9 +206,11 @@ def test_concordance_counts_by_hand():
     table = concordance(pairs, [0.5], Sigmas(1.0, 1.0))
     assert list(table) == ["a", "b", ALL]
     assert table["a"]["pairs"] == 2 and table["a"]["kinds"] == {"empty": 2}
-    assert table["a"]["direct"] == {"gold_preferred": 1, "ties": 1, "share": 0.5}
-    assert table["a"]["reverse"] == {"gold_preferred": 1, "ties": 0, "share": 0.5}
-    assert table["a"]["combined"]["0.5"] == {"gold_preferred": 1, "ties": 1, "share": 0.5}
+    # 1 of 2: Wilson's 95% interval 0.5 ± 1.96·√(1/8 + 1.96²/16) / (1 + 1.96²/2)
+    half = {"share": 0.5, "interval": pytest.approx((0.0945, 0.9055), abs=1e-4)}
+    assert table["a"]["direct"] == {"gold_preferred": 1, "ties": 1, **half}
+    assert table["a"]["reverse"] == {"gold_preferred": 1, "ties": 0, **half}
+    assert table["a"]["combined"]["0.5"] == {"gold_preferred": 1, "ties": 1, **half}
     assert table["b"]["combined"]["0.5"]["gold_preferred"] == 0
     assert table[ALL]["pairs"] == 3
     assert [table[ALL][k]["gold_preferred"] for k in ("direct", "reverse")] == [1, 2]
@@ -221,117 +220,6 @@ def test_pairs_of_a_written_group_skip_unscorable_perturbations():
     perturbations = [Perturbation("a", "empty", "p"), Perturbation("a", "empty", "q")]
     group = _group([-1.0, -2.0, math.nan], [-1.0, -2.0, math.nan], ["g", "p", "q"])
     assert pairs_of(group, perturbations) == [Pair("u", perturbations[0], (-1, -1), (-2, -2))]
-
-
-# --------------------------------------------------------------------------- verdict
-
-
-def _fields(rows: dict[str, tuple[int, int]], lambdas) -> dict:
-    """A concordance table whose combined reward prefers gold `hits` of `pairs` times at every λ."""
-    table = {}
-    for name, (hits, pairs) in {**rows, ALL: tuple(map(sum, zip(*rows.values())))}.items():
-        tally = {"gold_preferred": hits, "ties": 0, "share": hits / pairs}
-        table[name] = {
-            "pairs": pairs,
-            "kinds": {},
-            "direct": tally,
-            "reverse": tally,
-            "combined": {str(lam): tally for lam in lambdas},
-        }
-    return table
-
-
-def _curve(greedy, oracle, argmax, lambdas, labelled=40) -> dict:
-    measured = {"value": greedy, "fields": {}}
-    return {
-        "inputs": 40,
-        "labelled": labelled,
-        "distinct_share": 0.9,
-        "greedy": measured,
-        "oracle": {"value": oracle, "fields": {}},
-        "argmax": [
-            {
-                "lambda": lam,
-                "metric": {"value": v, "fields": {}},
-                "changed": 0.5,
-                "reward_gap": 1.25,
-            }
-            for lam, v in zip(lambdas, argmax)
-        ],
-    }
-
-
-def _verdict(curve, fields=None, metric="f1", interval=None):
-    """make_verdict with the config's λ 0.5, min_lift 0.02, blind_below 0.6."""
-    return make_verdict(curve, fields, metric, 0.5, 0.02, 0.6, interval=interval)
-
-
-LAMBDAS = [0.0, 0.25, 0.5, 0.75, 1.0]
-TICKET_FIELDS = {"category": (33, 48), "urgency": (11, 24), "order_id": (13, 17), "wants_refund": (2, 12), "x": (1, 2)}  # fmt: skip
-
-
-def test_verdict_with_gold_names_the_lift_the_blind_fields_and_the_lambda():
-    curve = _curve(0.220, 0.465, [0.159, 0.396, 0.359, 0.365, 0.360], LAMBDAS)
-    fields = _fields(TICKET_FIELDS, LAMBDAS)
-    verdict = _verdict(curve, fields, "micro_f1", (0.05, 0.3))
-    assert verdict.outlook == "likely" and verdict.recommended_lambda == 0.25
-    assert (verdict.blind, verdict.seen, verdict.few) == (
-        ["urgency", "wants_refund"],
-        ["category", "order_id"],
-        ["x"],
-    )
-    assert verdict.text == (
-        "Reranking by the reward lifts dev micro_f1 by +0.176 at λ=0.25 (0.220 → 0.396; oracle "
-        "+0.245, on 40 labelled dev inputs, 95% interval [+0.050, +0.300]): training is likely to "
-        "help. On perturbed gold "
-        "outputs, the combined reward at λ=0.25 prefers the gold output in 60 of 103 pairs (58%); "
-        "its reverse term, the part that reads the input, prefers it for `urgency` in 46% of 24 "
-        "pairs and `wants_refund` in 17% of 12 pairs only: the reward cannot see `urgency` or "
-        "`wants_refund`; expect them not to improve, or drop them. It sees `category` (69% of 48 "
-        "pairs), `order_id` (76% of 17 pairs). Too few pairs to judge: `x`. Recommended λ=0.25: "
-        "its reward's argmax scores best on the 40 labelled dev inputs (0.396; greedy 0.220)."
-    )
-    # the fields are judged by the reverse term: a direct reward that prefers gold does not count
-    fields["urgency"]["direct"] = {"gold_preferred": 24, "ties": 0, "share": 1.0}
-    again = _verdict(curve, fields, "micro_f1", (0.05, 0.3))
-    assert again.blind == verdict.blind
-    # the same lift with an interval reaching 0 is within noise, not "likely"
-    noisy = _verdict(curve, fields, "micro_f1", (-0.01, 0.3))
-    assert noisy.outlook == "marginal" and "within the noise of these inputs" in noisy.text
-
-
-def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
-    flat = _verdict(_curve(0.5, 0.7, [0.49, 0.51], [0.0, 1.0]), None, "accuracy", (0.0, 0.02))
-    assert flat.outlook == "marginal" and flat.recommended_lambda == 1.0
-    assert "lifts dev accuracy by only +0.010 at best (λ=1; oracle +0.200" in flat.text
-    assert "No perturbation pairs to judge the fields on" in flat.text
-    worse = _verdict(_curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), None, "accuracy", (-0.1, 0.0))
-    assert worse.outlook == "unlikely" and "does not lift dev accuracy at any λ" in worse.text
-    fields = _fields({"category": (3, 10)}, [0.0, 1.0])
-    fields["category"]["combined"]["1.0"] = {"gold_preferred": 8, "ties": 0, "share": 0.8}
-    none = _verdict(_curve(None, None, [None, None], [0.0, 1.0], 0), fields, "f1", None)
-    assert none.outlook == "unmeasured" and none.recommended_lambda == 1.0
-    assert none.text.startswith(
-        "The 40 dev inputs have no gold outputs, so the metric cannot be measured here: at λ=1 "
-        "the reward's argmax differs from greedy on 50% of them (its combined reward +1.25 above "
-        "greedy's, in σ units), and 90% of the groups hold distinct candidates"
-    )
-    assert "prefers the gold output most often, averaged over the fields (80%;" in none.text
-    assert "prefers it for `category` in 30% of 10 pairs only: the reward cannot see" in none.text
-    fields["category"]["reverse"] = {"gold_preferred": 9, "ties": 0, "share": 0.9}
-    seen = _verdict(_curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]), fields, "f1", (-0.1, 0))
-    assert (seen.blind, seen.seen) == ([], ["category"])
-    few = _verdict(
-        _curve(0.5, 0.7, [0.4, 0.5], [0.0, 1.0]),
-        _fields({"a": (1, 2)}, [0.0, 1.0]),
-        "f1",
-        (-0.1, 0),
-    )
-    assert "reads the input, is not judged on any field: each has fewer than 5 pairs." in few.text
-    assert (
-        "its reverse term, the part that reads the input, prefers it for `category` in 90% of 10 "
-        "pairs: the reward sees every field it could judge." in seen.text
-    )
 
 
 # --------------------------------------------------------------------------- config, the mode
@@ -347,6 +235,7 @@ def test_verdict_outlooks_below_the_lift_threshold_and_without_gold():
         ("diagnose.lambdas=[]", "diagnose.lambdas"),
         ("diagnose.blind_below=2", "diagnose.blind_below"),
         ("diagnose.min_lift=-1", "diagnose.min_lift"),
+        ("diagnose.bootstrap_draws=0", "diagnose.bootstrap_draws"),
         ("+diagnose.num_input=3", "diagnose.num_input"),
     ],
 )
@@ -376,7 +265,9 @@ def test_diagnose_end_to_end_on_tiny_writes_its_files(tmp_path, cache_dir):
     ]  # fmt: skip
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Recommended λ=" in proc.stdout
+    verdict = json.loads((out / "diagnosis.json").read_text())["verdict"]
+    assert f"λ={verdict['reranking_lambda']:g}" in proc.stdout
+    assert {"training_lambda", "undecided"} <= set(verdict)
     for name in ("diagnosis.json", "diagnosis.md", "diagnosis.png"):
         assert (out / name).stat().st_size > 0
     record = json.loads((out / "diagnosis.json").read_text())
@@ -386,6 +277,8 @@ def test_diagnose_end_to_end_on_tiny_writes_its_files(tmp_path, cache_dir):
     assert candidates["inputs"] == 2 and candidates["candidates_per_input"] == 3
     assert candidates["labelled"] == 0  # the tickets' dev file has no gold outputs
     assert [p["lambda"] for p in candidates["argmax"]] == [0.0, 0.5, 1.0]
+    assert candidates["crossfit"] is None  # nothing labelled to cross-fit on
+    assert record["settings"]["bootstrap_draws"] == 2000
     fields = record["fields"]
     assert fields["labelled"] == 2 and fields["rows"].startswith("the first labelled training")
     table = fields["table"]

@@ -151,9 +151,16 @@ class DiagnoseSchema:
         modes=DIAGNOSE,
     )
     blind_below: float = key(
-        "A field whose pairs the reverse reward prefers gold in fewer than this share of is one "
-        "the reward cannot see.",
+        "A field is one the reward cannot see when the 95% interval of the share of its pairs "
+        "the reverse reward prefers gold in lies below this (undecided when it straddles it).",
         at_least=0,
         at_most=1,
         modes=DIAGNOSE,
+    )
+    bootstrap_draws: int = key(
+        "Resamples of the labelled dev inputs for the cross-fitted lift's 95% interval "
+        "(fixed seed).",
+        at_least=1,
+        modes=DIAGNOSE,
+        recorded_default=200,
     )

@@ -1,6 +1,7 @@
 """How often the reward prefers the gold output over a perturbed one: per field (or for whole
 outputs), the share of (gold, perturbed) pairs where the direct, the reverse and, at each λ, the
-combined reward score gold strictly higher, with the counts. Pure functions."""
+combined reward score gold strictly higher, with the counts and the share's 95% (Wilson)
+interval. Pure functions."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from grammarrl.diagnosis.perturb import Perturbation
 from grammarrl.diagnosis.selection import Sigmas, combined_values
 
 ALL = "all"  # the pooled row of every field
+Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,25 @@ def share(hits: int, total: int) -> float | None:
     return hits / total if total else None
 
 
+def share_interval(hits: int, total: int) -> tuple[float, float] | None:
+    """The 95% Wilson score interval of a share of `hits` in `total` pairs; None without pairs.
+    (Pairs of one row are counted as independent: an approximation.)"""
+    if not total:
+        return None
+    p, z2 = hits / total, Z95**2 / total
+    centre = (p + z2 / 2) / (1 + z2)
+    half = Z95 * math.sqrt(p * (1 - p) / total + z2 / (4 * total)) / (1 + z2)
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def pairs_share(table: dict[str, Any] | None, name: str, lam: float) -> float:
+    """The combined reward's share of gold-preferred pairs of a field (or `ALL`) at λ; -1 when
+    it has none."""
+    if not table or name not in table or not table[name]["pairs"]:
+        return -1.0
+    return table[name]["combined"][str(lam)]["share"]
+
+
 def concordance(pairs: list[Pair], lambdas: Sequence[float], sigmas: Sigmas) -> dict[str, Any]:
     """Per field (in order of first appearance) and for all pairs (`ALL`): `pairs`, and for
     `direct`, `reverse` and each λ of `combined`: `gold_preferred` (strictly higher), `ties`
@@ -83,4 +104,5 @@ def _tally(values: list[tuple[float, float]]) -> dict[str, Any]:
         "gold_preferred": preferred,
         "ties": sum(gold == other for gold, other in values),
         "share": share(preferred, len(values)),
+        "interval": share_interval(preferred, len(values)),
     }

@@ -18,46 +18,76 @@ def _number(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _tally(tally: dict[str, Any], pairs: int) -> str:
+def _tally(tally: dict[str, Any], pairs: int, interval: bool = False) -> str:
     if not pairs:
         return "–"
-    return f"{tally['gold_preferred']}/{pairs} ({tally['share']:.0%})"
+    spread = ", {:.0%}–{:.0%}".format(*tally["interval"]) if interval else ""
+    return f"{tally['gold_preferred']}/{pairs} ({tally['share']:.0%}{spread})"
+
+
+def _lambda_name(lam: float, verdict: dict[str, Any]) -> str:
+    """An argmax row's name, marked where it is the reranking or the training λ."""
+    roles = [
+        role
+        for role, chosen in (("reranking", "reranking_lambda"), ("training", "training_lambda"))
+        if verdict[chosen] == lam
+    ]
+    name = f"reward argmax, λ={lam:g}"
+    return f"**{name}** ({' and '.join(roles)})" if roles else name
 
 
 def curve_table(record: dict[str, Any]) -> list[str]:
-    """The metric of greedy, oracle and the argmax per λ, with the per-field F1's."""
+    """The metric of greedy, oracle and the argmax per λ, with the per-field F1's and how full
+    the outputs are."""
     curve, metric = record["candidates"], record["metric"]
     fields = [f for f in curve["greedy"]["fields"] if f != "micro"]
-    head = f"| | {metric} | {' | '.join(fields)}{' | ' if fields else ''}argmax ≠ greedy | reward gap (σ units) |"
-    lines = [head, "|---|" + ":-:|" * (len(fields) + 3)]
+    head = (
+        f"| | {metric} | {' | '.join(fields)}{' | ' if fields else ''}"
+        f"{curve['fullness_unit']} / output | argmax ≠ greedy | reward gap (σ units) |"
+    )
+    lines = [head, "|---|" + ":-:|" * (len(fields) + 4)]
 
     def row(name: str, measured: dict[str, Any], changed: str, gap: str) -> str:
         cells = [_number(measured["value"]), *(_number(measured["fields"].get(f)) for f in fields)]
-        return f"| {name} | {' | '.join(cells)} | {changed} | {gap} |"
+        full = _number(measured.get("fullness"), 2)
+        return f"| {name} | {' | '.join(cells)} | {full} | {changed} | {gap} |"
 
     lines.append(row("greedy", curve["greedy"], "–", "–"))
     lines.append(row("oracle (best candidate per input)", curve["oracle"], "–", "–"))
-    chosen = record["verdict"]["recommended_lambda"]
     for point in curve["argmax"]:
-        name = f"reward argmax, λ={point['lambda']:g}"
-        name = f"**{name}** (recommended)" if point["lambda"] == chosen else name
-        lines.append(
-            row(name, point["metric"], f"{point['changed']:.0%}", _number(point["reward_gap"], 2))
-        )
+        measured = {**point["metric"], "fullness": point["fullness"]}
+        changed, gap = f"{point['changed']:.0%}", _number(point["reward_gap"], 2)
+        lines.append(row(_lambda_name(point["lambda"], record["verdict"]), measured, changed, gap))
     return lines
+
+
+def crossfit_line(record: dict[str, Any]) -> str:
+    """The cross-fitted lift in one sentence, or why there is none."""
+    crossfit, metric = record["candidates"].get("crossfit"), record["metric"]
+    if crossfit is None:
+        return "No cross-fitted lift: it needs at least two dev inputs with gold outputs."
+    first, second = crossfit["lambdas"]
+    low, high = crossfit["interval"]
+    return (
+        f"Cross-fitted lift (λ chosen on the odd-numbered labelled inputs, {first:g}, applied "
+        f"to the even-numbered ones, and the other way round, {second:g}): {metric} "
+        f"{crossfit['greedy']:.3f} → {crossfit['picked']:.3f}, {crossfit['lift']:+.3f}, 95% "
+        f"interval [{low:+.3f}, {high:+.3f}] over {crossfit['draws']} resamples of the "
+        f"{crossfit['inputs']} inputs. The table's per-λ rows are in-sample."
+    )
 
 
 def fields_table(record: dict[str, Any]) -> list[str]:
     """Per field: the pairs, and the share of them each reward prefers gold in."""
     table, lambdas = record["fields"]["table"], record["settings"]["lambdas"]
-    head = "| field | pairs | direct | reverse | " + " | ".join(
+    head = "| field | pairs | direct | reverse (95% interval) | " + " | ".join(
         f"combined λ={lam:g}" for lam in lambdas
     )
     lines = [head + " | perturbations |", "|---|" + ":-:|" * (len(lambdas) + 3) + "---|"]
     for name, row in table.items():
         cells = [
             _tally(row["direct"], row["pairs"]),
-            _tally(row["reverse"], row["pairs"]),
+            _tally(row["reverse"], row["pairs"], interval=True),
             *(_tally(row["combined"][str(lam)], row["pairs"]) for lam in lambdas),
         ]
         kinds = ", ".join(f"{kind} {n}" for kind, n in row["kinds"].items())
@@ -87,6 +117,8 @@ def markdown(record: dict[str, Any]) -> str:
         "",
         *curve_table(record),
         "",
+        crossfit_line(record),
+        "",
         "## Which fields the reward can see",
         "",
     ]
@@ -96,9 +128,11 @@ def markdown(record: dict[str, Any]) -> str:
             (
                 f"{fields['labelled']} labelled rows ({fields['rows']}); each gold output next to "
                 f"{fields['how']}: the share of pairs in which each reward scores the gold output "
-                "higher. Where the reverse reward (the term that reads the input) prefers gold in fewer "
-                f"than {settings['blind_below']:.0%} of a field's pairs (diagnose.blind_below), the "
-                "reward cannot see the field: training moves it at random, or away from gold."
+                "higher. Where the 95% interval of the share of a field's pairs in which the "
+                "reverse reward (the term that reads the input) prefers gold lies below "
+                f"{settings['blind_below']:.0%} (diagnose.blind_below), the reward cannot see the "
+                "field: training moves it at random, or away from gold; where it straddles the "
+                "line, the field is undecided: label more rows."
             ),
             "",
             *fields_table(record),
@@ -122,7 +156,8 @@ def settings_lines(record: dict[str, Any]) -> list[str]:
         (
             f"- diagnose.num_inputs={settings['num_inputs']}, num_labelled={settings['num_labelled']}, "
             f"num_samples={settings['num_samples']}, "
-            f"lambdas={settings['lambdas']}, seed={settings['seed']}; the config's λ is "
+            f"lambdas={settings['lambdas']}, bootstrap_draws={settings['bootstrap_draws']}, "
+            f"seed={settings['seed']}; the config's λ is "
             f"{settings['config_lambda']:g}."
         ),
         f"- {record['model']} in {record['dtype']} on {record['device']}; "
@@ -140,9 +175,9 @@ def settings_lines(record: dict[str, Any]) -> list[str]:
 def plot(record: dict[str, Any], path: Path) -> Path:
     """Left: the argmax's metric against λ with greedy and oracle (without gold: how often the
     argmax is not greedy's output). Right: per field, the share of pairs each reward prefers
-    gold in (combined at the recommended λ)."""
+    gold in (combined at the reranking λ; the reverse reward's with its 95% interval)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    curve, lam = record["candidates"], record["verdict"]["recommended_lambda"]
+    curve, lam = record["candidates"], record["verdict"]["reranking_lambda"]
     lambdas = [p["lambda"] for p in curve["argmax"]]
     if curve["greedy"]["value"] is not None:
         left.plot(lambdas, [p["metric"]["value"] for p in curve["argmax"]], marker="o",
@@ -169,6 +204,12 @@ def plot(record: dict[str, Any], path: Path) -> Path:
         shares = [pick(table[n])["share"] or 0.0 for n in names]
         right.bar([x + (i - 1) * width for x in range(len(names))], shares, width,
                   label=label, color=f"C{i}")  # fmt: skip
+    reverse = [table[n]["reverse"] for n in names if table[n]["pairs"]]
+    right.errorbar([x for x, n in enumerate(names) if table[n]["pairs"]],
+                   [t["share"] for t in reverse],
+                   yerr=[[t["share"] - t["interval"][0] for t in reverse],
+                         [t["interval"][1] - t["share"] for t in reverse]],
+                   fmt="none", ecolor="black", elinewidth=1, capsize=2)  # fmt: skip
     right.axhline(record["settings"]["blind_below"], color="grey", linestyle="--", linewidth=1)
     right.set_xticks(range(len(names)), [f"{n}\n({table[n]['pairs']})" for n in names], fontsize=8)
     right.set(

@@ -13,13 +13,16 @@ instead of hours of training (docs/diagnose.md).
 3. On up to `diagnose.num_labelled` labelled rows (the dev rows with gold outputs, else the labelled training rows;
    never test rows), each gold output next to its perturbations (`perturb`): how often each
    reward prefers gold, per field.
-4. The verdict and the recommended λ (`verdict`); diagnosis.md, diagnosis.json, diagnosis.png.
+4. The lift cross-fitted over two halves of the labelled dev inputs (`crossfit`), the verdict,
+   the reranking λ and the training λ (`verdict`); diagnosis.md, diagnosis.json, diagnosis.png.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +31,13 @@ from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.diagnosis.candidates import Group, decoded_groups, written_group
-from grammarrl.diagnosis.concordance import Pair, concordance, pairs_of
+from grammarrl.diagnosis.concordance import ALL, Pair, concordance, pairs_of, pairs_share
+from grammarrl.diagnosis.crossfit import cross_fit
 from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
-from grammarrl.diagnosis.selection import Sigmas, argmax_index, lambda_curve, lift_interval
+from grammarrl.diagnosis.selection import Sigmas, lambda_curve
 from grammarrl.diagnosis.settings import DiagnoseSettings
-from grammarrl.diagnosis.verdict import Verdict, make_verdict, recommend_lambda
+from grammarrl.diagnosis.verdict import Verdict, make_verdict
 from grammarrl.rl.calibration import CalibrationSettings, run_sigmas
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.runs.results import dtype_name
@@ -141,6 +145,7 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     fields_record, fields, pair_records = _perturbations(settings, task, scorer, tokenizer, sigmas)
     lap("perturbations")
     verdict = _verdict(settings, task, groups, curve, fields, sigmas)
+    lap("cross-fitting")
     record = {
         "task": task.name,
         "model": settings.model,
@@ -157,11 +162,8 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     }
     path = write_report(out, record, _candidate_records(groups) + pair_records)
     print(f"{verdict.text}\n-> {path}, {out / MARKDOWN}, {out / PLOT}")
-    return {
-        "path": str(path),
-        "outlook": verdict.outlook,
-        "recommended_lambda": verdict.recommended_lambda,
-    }
+    said = ("outlook", "reranking_lambda", "training_lambda")
+    return {"path": str(path), **{name: getattr(verdict, name) for name in said}}
 
 
 def _frozen_model(
@@ -197,10 +199,16 @@ def _verdict(
     fields: dict[str, Any] | None,
     sigmas: Sigmas,
 ) -> Verdict:
-    """The recommended λ's lift interval (added to `curve`) and the verdict."""
-    lam, _ = recommend_lambda(curve, fields, settings.lam)
-    picks = [argmax_index(group, lam, sigmas) for group in groups]
-    curve["lift_interval"] = lift_interval(task, groups, picks, seed=settings.seed)
+    """The cross-fitted lift (added to `curve`) and the verdict."""
+    crossfit = cross_fit(
+        task,
+        groups,
+        settings.lambdas,
+        sigmas,
+        partial(pairs_share, fields, ALL),
+        settings.bootstrap_draws,
+    )
+    curve["crossfit"] = asdict(crossfit) if crossfit else None
     return make_verdict(
         curve,
         fields,
@@ -208,7 +216,7 @@ def _verdict(
         settings.lam,
         settings.min_lift,
         settings.blind_below,
-        interval=curve["lift_interval"],
+        crossfit=curve["crossfit"],
     )
 
 

@@ -1,12 +1,12 @@
 """What reranking a candidate group by the reward would pick, and what it would score: the
 metric of greedy, of the best candidate per group (oracle) and of the reward's argmax per λ;
-without gold outputs, the reward gap between the argmax and greedy and how often they differ.
-Pure functions of scored groups (`candidates.Group`)."""
+how full the argmax is against greedy (`fullness`); without gold outputs, the reward gap between
+the argmax and greedy and how often they differ. Pure functions of scored groups
+(`candidates.Group`)."""
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from grammarrl.diagnosis.candidates import Group
+from grammarrl.diagnosis.fullness import fullness_unit, mean_fullness
 from grammarrl.rl.rloo import combine_rewards
 from grammarrl.tasks.base import Task
 
@@ -76,26 +77,6 @@ def oracle_index(task: Task, group: Group) -> int:
     return first_max(example_scores(task, group))
 
 
-def lift_interval(
-    task: Task, groups: list[Group], picks: list[int], draws: int = 200, seed: int = 0
-) -> tuple[float, float] | None:
-    """The 95% bootstrap interval of the metric of `picks` minus greedy's, the labelled inputs
-    resampled (paired: the same resample scores both); None without labelled inputs."""
-    labelled = [(g, i) for g, i in zip(groups, picks) if g.example.target]
-    if not labelled:
-        return None
-    rng = random.Random(seed)
-    lifts = []
-    for _ in range(draws):
-        sample = [labelled[rng.randrange(len(labelled))] for _ in labelled]
-        examples = [g.example for g, _ in sample]
-        picked = task.score([g.texts[i] for g, i in sample], examples).value
-        greedy = task.score([g.texts[0] for g, _ in sample], examples).value
-        lifts.append(picked - greedy)
-    lifts.sort()
-    return lifts[int(0.025 * draws)], lifts[math.ceil(0.975 * draws) - 1]
-
-
 def metric_of(task: Task, groups: list[Group], picks: list[int]) -> dict[str, Any]:
     """The task metric of the picked candidates over the groups with gold outputs, and the
     per-field F1's the task's score details hold (json fields, CoNLL's types)."""
@@ -134,15 +115,20 @@ def lambda_curve(
     task: Task, groups: list[Group], lambdas: Sequence[float], sigmas: Sigmas
 ) -> dict[str, Any]:
     """Greedy, oracle and the reward's argmax at each λ: the metric (None without gold), its
-    per-field F1's, how often the argmax is not greedy's output, and the reward gap."""
+    per-field F1's, the mean fullness over every input (`fullness_unit`; the argmax's `emptier`:
+    below greedy's), how often the argmax is not greedy's output, and the reward gap."""
     greedy = [0] * len(groups)
+    full = mean_fullness(groups, greedy)
     curve = []
     for lam in lambdas:
         picks = [argmax_index(g, lam, sigmas) for g in groups]
+        fullness = mean_fullness(groups, picks)
         curve.append(
             {
                 "lambda": lam,
                 "metric": metric_of(task, groups, picks),
+                "fullness": fullness,
+                "emptier": fullness is not None and full is not None and fullness < full,
                 "changed": sum(g.texts[p] != g.texts[0] for g, p in zip(groups, picks))
                 / max(len(groups), 1),
                 "reward_gap": reward_gap(groups, picks, lam, sigmas),
@@ -157,7 +143,8 @@ def lambda_curve(
         "finished_candidates": sum(sum(g.finished) for g in groups)
         / max(sum(len(g.texts) for g in groups), 1),
         "distinct_share": distinct_share(groups),
-        "greedy": metric_of(task, groups, greedy),
+        "fullness_unit": fullness_unit(groups),
+        "greedy": {**metric_of(task, groups, greedy), "fullness": full},
         "oracle": metric_of(task, groups, [oracle_index(task, g) for g in groups])
         if any(g.example.target for g in groups)
         else {"value": None, "fields": {}},

@@ -21,9 +21,12 @@ class DiagnoseSettings:
     batch_size: int  # diagnose.batch_size: dev inputs decoded together
     lambdas: tuple[float, ...]  # diagnose.lambdas: the reward mixings compared
     min_lift: float  # diagnose.min_lift: a smaller lift is within noise
-    blind_below: float  # diagnose.blind_below: a field's reverse share below it is blind
+    blind_below: float  # diagnose.blind_below: a reverse share's interval below it: blind
+    bootstrap_draws: int  # diagnose.bootstrap_draws: resamples of the cross-fitted lift
     temperature: float  # rollout.temperature: the samples' temperature, as training's
-    seed: int  # seed: the sampling, perturbation and interval streams
+    seed: (
+        int  # seed: the sampling and perturbation streams (the lift's halves and resamples: fixed)
+    )
     lam: float  # lambda: the run's configured λ
     model: str  # model.name, as the record names it
     max_new_tokens: int  # task.max_new_tokens
@@ -42,6 +45,7 @@ class DiagnoseSettings:
             lambdas=tuple(float(lam) for lam in diagnose.lambdas),
             min_lift=diagnose.min_lift,
             blind_below=diagnose.blind_below,
+            bootstrap_draws=int(diagnose.bootstrap_draws),
             temperature=float(cfg.rollout.temperature),
             seed=int(cfg.seed),
             lam=float(cfg["lambda"]),
@@ -58,6 +62,7 @@ class DiagnoseSettings:
             "num_samples": self.num_samples,
             "min_lift": self.min_lift,
             "blind_below": self.blind_below,
+            "bootstrap_draws": self.bootstrap_draws,
             "lambdas": list(self.lambdas),
             "temperature": self.temperature,
             "seed": self.seed,
