@@ -17,7 +17,9 @@ import torch
 from omegaconf import OmegaConf
 
 from grammarrl.models.loading import add_lora, load_model
+from grammarrl.runs.results import adapter_name
 from grammarrl.training.callbacks import RUN_RECORD
+from grammarrl.training.policy import save_adapter
 
 
 def checkpoint_adapter(run: Path, out: Path) -> int:
@@ -36,9 +38,11 @@ def checkpoint_adapter(run: Path, out: Path) -> int:
             f"{run}: the checkpoint does not fit this LoRA config "
             f"(unexpected {unexpected[:3]}, missing {lora_missing[:3]})"
         )
-    policy.save_pretrained(out)
+    save_adapter(policy, out)
     step = int(checkpoint["global_step"])
-    (out / "checkpoint_step.json").write_text(json.dumps({"run": str(run), "global_step": step}))
+    (out / "checkpoint_step.json").write_text(
+        json.dumps({"run": adapter_name(run), "global_step": step})
+    )
     return step
 
 

@@ -28,6 +28,7 @@ from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.models.loading import resolve_device, resolve_dtype
 from grammarrl.rl.settings import RolloutSettings
 from grammarrl.runs.atomic import write_json
+from grammarrl.runs.paths import Roots, portable
 from grammarrl.runs.results import config_dict
 from grammarrl.runs.rundir import hydra_run_dir, run_dir
 
@@ -92,7 +93,7 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
     # A custom task is defined by its configuration (files, constraint, prompts): two specs
     # sharing a name must not share σ's. Built-in tasks are fixed by name and the keys below.
     task = {"task": config_dict(cfg.task)} if is_custom(cfg.task) else {}
-    return {
+    conditions = {
         **task,
         "data_dir": cfg.data.dir,
         "data_source": cfg.data.source,
@@ -111,6 +112,7 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
         "seed": cfg.reward.calibration_seed,  # named before reward.calibration_seed existed
         "batch_size": cfg.optim.batch_size,
     }
+    return portable(conditions, Roots.of(config_dict(cfg)))  # paths as run records name them
 
 
 def read_table(path: Path) -> dict[str, Any]:
@@ -142,9 +144,10 @@ def check_calibration_file(settings: CalibrationSettings, mode: str) -> None:
 
 def entries(table: dict[str, Any], key: str) -> list[dict[str, Any]]:
     """The calibration entries stored under a key (a file written before several entries per
-    key were kept holds one entry as a plain object)."""
+    key were kept holds one entry as a plain object), their paths read as run records name them
+    (an entry stored with this machine's absolute data directory still matches)."""
     found = table.get(key, [])
-    return [found] if isinstance(found, dict) else list(found)
+    return [portable(e, Roots.here()) for e in ([found] if isinstance(found, dict) else found)]
 
 
 def differences(entry: dict[str, Any], conditions: dict[str, Any]) -> list[str]:
@@ -303,7 +306,7 @@ def calibrate(
         "num_inputs": len(dev),
         "mean_direct": direct_t[valid_t].mean().item(),
         "mean_reverse": reverse_t[valid_t].mean().item(),
-        "measured_in": str(measured_in) if measured_in is not None else None,
+        "measured_in": portable(str(measured_in), Roots.here()) if measured_in else None,
         **settings.conditions,
     }
 

@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from grammarrl.runs.atomic import write_json, write_jsonl
+from grammarrl.runs.paths import Roots, portable
 
 REQUIRED_KEYS = (
     "task",
@@ -69,12 +70,11 @@ def config_dict(cfg: DictConfig | Mapping[str, Any] | None) -> dict[str, Any]:
 
 def adapter_name(adapter: str | Path | None) -> str | None:
     """How results name the adapter that produced them: its directory relative to the working
-    directory (the repository) when it lies inside it, else its absolute directory; None for
-    the frozen base model."""
+    directory (the repository), `<data>` or `<cache>` (`grammarrl.runs.paths`) when it lies
+    inside one, else its absolute directory; None for the frozen base model."""
     if not adapter:
         return None
-    path = Path(adapter).absolute()
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+    return portable(str(Path(adapter).absolute()), Roots.here())
 
 
 def dtype_name(model: Any) -> str:
@@ -126,8 +126,9 @@ NO_TEST_NOTE = "no test evaluation was run (train.eval_test=false): no test set 
 def untested_results(
     *, task: str, model: str, config: DictConfig | Mapping[str, Any] | None, **extra: Any
 ) -> dict[str, Any]:
-    """The results record of a run that made no test evaluation (module docstring): `extra`
-    (a training run's last step, adapter, dev-best step) kept after the fixed keys."""
+    """The results record of a run that made no test evaluation (module docstring), as it is
+    written (`as_written`): `extra` (a training run's last step, adapter, dev-best step) kept
+    after the fixed keys."""
     record: dict[str, Any] = {
         "task": task,
         "model": model,
@@ -136,7 +137,13 @@ def untested_results(
         "note": NO_TEST_NOTE,
         **extra,
     }
-    return _stamped(record, config)
+    return as_written(_stamped(record, config))
+
+
+def as_written(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A results record as it is written: its paths relative to the repository, `<data>` and
+    `<cache>` of its config (`grammarrl.runs.paths`)."""
+    return portable(record, Roots.of(record.get("config") or {}))
 
 
 def has_test_evaluation(record: Mapping[str, Any]) -> bool:
@@ -157,11 +164,11 @@ def write_results(
     name: str = "results",
 ) -> Path:
     """Write `<out>/<name>.json` (and `<out>/predictions*.jsonl`) atomically; returns the JSON
-    path. Raises ValueError if a required key is missing."""
+    path; the record is written `as_written`. Raises ValueError if a required key is missing."""
     missing = [key for key in REQUIRED_KEYS if key not in results]
     if missing:
         raise ValueError(f"results lack required keys: {missing}")
     out = Path(out)
     if predictions is not None:
         write_jsonl(out / predictions_name(name), predictions)
-    return write_json(out / f"{name}.json", results)
+    return write_json(out / f"{name}.json", as_written(results))

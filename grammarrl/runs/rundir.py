@@ -37,6 +37,7 @@ from grammarrl.config import roles
 from grammarrl.config.schema import MOVED
 from grammarrl.errors import GrammarRLError
 from grammarrl.runs.atomic import write_json
+from grammarrl.runs.paths import Roots, local, portable
 from grammarrl.runs.results import config_dict
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,8 @@ def describe(old: Mapping[str, Any], new: Mapping[str, Any], keys: Sequence[str]
 
 def read_record(out: Path) -> dict[str, Any] | None:
     """The directory's record: `job.json`, else (a directory written before records existed)
-    the mode and config stored in its `results.json`; None when neither is readable."""
+    the mode and config stored in its `results.json`; None when neither is readable. Its
+    `<data>` and `<cache>` paths are read as this machine's directories (`Roots.here`)."""
     for path in (out / RECORD, out / COMPLETED):
         try:
             data = json.loads(path.read_text())
@@ -200,7 +202,7 @@ def read_record(out: Path) -> dict[str, Any] | None:
         if isinstance(config, dict):
             return {
                 "mode": data.get("mode", config.get("mode")),
-                "config": current_names(config),
+                "config": current_names(local(config, Roots.here())),
                 "hydra_files": data.get("hydra_files", {}),
                 "resolved": data.get("resolved", {}),
             }
@@ -225,10 +227,13 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
     RunDirConflict (after restoring `.hydra/`) when it must not run there."""
     if cfg.mode not in RECORDED_MODES:
         return Plan()
+    config = config_dict(cfg)
+    roots = Roots.of(config)
     record, present = read_record(out), outputs(out)
     if record is None or not present:
         return Plan()
-    new = config_dict(cfg)
+    # compared as records are written: a path relative to the repository is the same path
+    old, new = portable(record["config"], roots), portable(config, roots)
     if record["mode"] != cfg.mode:
         _refuse(
             out,
@@ -237,7 +242,7 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
             f"mode={cfg.mode} would write its results on top of them: give this job its own "
             "directory (hydra.run.dir=... or hydra.sweep.dir=...)",
         )
-    changed = differing_keys(record["config"], new, (*BOOKKEEPING, *MODE_UNUSED.get(cfg.mode, ())))
+    changed = differing_keys(old, new, (*BOOKKEEPING, *MODE_UNUSED.get(cfg.mode, ())))
     machine = machine_differences(record, stored_results(out), resolved_settings(cfg))
     if not changed and not machine:
         completed = COMPLETED_BY_MODE.get(cfg.mode, COMPLETED)
@@ -250,7 +255,7 @@ def plan_job(cfg: DictConfig, out: Path) -> Plan:
             )
             return Plan(done=done)
         return Plan()
-    what = ", ".join(filter(None, [describe(record["config"], new, changed), *machine]))
+    what = ", ".join(filter(None, [describe(old, new, changed), *machine]))
     if cfg.mode == "train" and not machine and all(_under(k, CONTINUABLE) for k in changed):
         log.warning(
             "Continuing the training run in %s with %s; results made before are "
@@ -308,7 +313,8 @@ def _refuse(out: Path, record: Mapping[str, Any], message: str) -> NoReturn:
 
 
 def commit(cfg: DictConfig, out: Path, plan: Plan) -> None:
-    """Delete what the plan removes and record this job's mode and settings."""
+    """Delete what the plan removes and record this job's mode and settings (its paths
+    relative to the repository, `<data>` and `<cache>`: `grammarrl.runs.paths`)."""
     if cfg.mode not in RECORDED_MODES:
         return
     for path in plan.remove:
@@ -317,11 +323,11 @@ def commit(cfg: DictConfig, out: Path, plan: Plan) -> None:
         else:
             path.unlink(missing_ok=True)
     hydra_dir = out / ".hydra"
-    write_json(
-        out / RECORD,
+    config = config_dict(cfg)
+    record = portable(
         {
             "mode": cfg.mode,
-            "config": config_dict(cfg),
+            "config": config,
             "resolved": resolved_settings(cfg),
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "hydra_files": {
@@ -330,4 +336,8 @@ def commit(cfg: DictConfig, out: Path, plan: Plan) -> None:
                 if (hydra_dir / name).is_file()
             },
         },
+        Roots.of(config),
     )
+    for name, text in record["hydra_files"].items():  # Hydra's copies, portable like the record
+        (hydra_dir / name).write_text(text)
+    write_json(out / RECORD, record)

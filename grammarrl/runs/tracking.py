@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig
 
 from grammarrl.errors import ConfigError
+from grammarrl.runs.paths import Roots, portable
 from grammarrl.runs.results import config_dict, has_test_evaluation, predictions_name
 
 TRACKED_MODES = ("train", "eval", "search", "calibrate")
@@ -101,7 +102,9 @@ def job_run(cfg: DictConfig, out: Path | None) -> Iterator[Any]:
 
     sweep, name = job_identity()
     config = config_dict(cfg)
-    config["logger"]["group"] = group = cfg.logger.group or sweep  # the group the run is in
+    roots = Roots.of(config)  # the run's config and group name paths as its records do
+    config["logger"]["group"] = group = portable(cfg.logger.group or sweep, roots)
+    config = portable(config, roots)
     run = wandb.init(
         project=cfg.logger.project,
         group=group,

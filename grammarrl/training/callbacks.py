@@ -11,7 +11,9 @@ import lightning as L
 import torch
 
 from grammarrl.runs.atomic import write_json
+from grammarrl.runs.results import adapter_name
 from grammarrl.runs.timing import clock
+from grammarrl.training.policy import save_adapter
 
 RUN_RECORD = "grammarrl_run"  # checkpoint key: the settings and σ's the run trains with
 BEST_DEV_ADAPTER = "adapter-best-dev"  # run-dir entries of `BestDevAdapter`
@@ -121,10 +123,10 @@ class BestDevAdapter(L.Callback):
             "step": trainer.global_step,
             "metric": self.key,
             "value": float(value),
-            "adapter": str(adapter.resolve()),
+            "adapter": adapter_name(adapter),
         }
         if trainer.is_global_zero:
-            pl_module.policy.save_pretrained(adapter)
+            save_adapter(pl_module.policy, adapter)
             write_json(self.out / BEST_DEV_RECORD, self.best)
 
     def state_dict(self) -> dict[str, Any]:

@@ -3,7 +3,9 @@ log π_θ(y|x) with gradient, and the per-candidate sums of what the rollout rec
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,6 +13,7 @@ import torch
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.scoring import sequence_logprobs
 from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.runs.paths import Roots, portable
 from grammarrl.tasks.base import Task
 
 
@@ -63,3 +66,15 @@ def summed_per_candidate(groups: list[list[Generation]], field: str) -> torch.Te
     samples is KL(q_θ‖q_ref) plus the change of this sum from π_ref's); `logp_constrained`:
     log q_θ(y|x), the grammar-constrained policy's log-probability of the output."""
     return torch.tensor([[sum(getattr(g, field)) for g in group] for group in groups])
+
+
+def save_adapter(policy: Any, directory: Path) -> None:
+    """PEFT's `save_pretrained`, with the base model's path in `adapter_config.json` named as
+    run records name paths (`<cache>/models/...`), not as this machine's directory."""
+    policy.save_pretrained(directory)
+    config_file = Path(directory) / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = portable(
+        config.get("base_model_name_or_path"), Roots.here()
+    )
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

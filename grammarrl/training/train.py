@@ -31,6 +31,7 @@ from grammarrl.training.callbacks import (
 )
 from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
 from grammarrl.training.module import GrammarRLModule
+from grammarrl.training.policy import save_adapter
 from grammarrl.training.resume import Resume, merge_metrics, prepare_run_dir, resolve_resume
 from grammarrl.training.settings import StepSettings
 from grammarrl.training.trained_eval import (
@@ -196,7 +197,7 @@ def run_train(cfg: DictConfig, resume: Resume | None | Literal["find"] = "find")
     merge_metrics(out)
 
     adapter = out / "adapter"
-    policy.save_pretrained(adapter)
+    save_adapter(policy, adapter)
     _save_samples(trainer, module.samples, out)
     write_jsonl(out / "validation.jsonl", module.validation_rows)
     if not testing.test:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.models.loading import reference_mode, resolve_device
 from grammarrl.runs.atomic import write_json
+from grammarrl.runs.paths import Roots, local
 from grammarrl.runs.results import adapter_name, untested_results
 from grammarrl.training.callbacks import BEST_DEV_RECORD
 
@@ -136,7 +137,7 @@ def evaluate_best_dev(
     if int(best["step"]) == final:
         log.info("train.eval_best_dev: the best dev step is the last (%d); nothing more", final)
         return {}
-    adapter = Path(best["adapter"])
+    adapter = Path(local(best["adapter"], Roots.here()))  # recorded as results name it
     if not (adapter / "adapter_config.json").exists():
         log.warning(
             "train.eval_best_dev: %s (step %s) is not there; skipped", adapter, best["step"]
