@@ -133,7 +133,8 @@ evidence2-fresh-cpu: venv
 	  $(FRESHRUN) +experiment/variant=rerank "eval.sampler_seeds=[2]" hydra.run.dir=$(FRESH)/rerank_s2 ) & \
 	wait
 	$(AGG) compare $(FRESH) --out experiments/results/smollm2-cpu-2/fresh-draw --reference "frozen greedy" \
-	  --reference "Sample-Rerank(10)" --reference "Full IS(10) on Sample-Rerank particles"
+	  --reference "frozen beam(3)" --reference "Sample-Rerank(10)" \
+	  --reference "Full IS(10) on Sample-Rerank particles"
 
 # Every CPU-scale table, in dependency order (hours on 2 cores).
 paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \
