@@ -476,6 +476,48 @@ def test_too_few_rows_for_a_dev_split(tmp_path):
         task_of(spec_file(tmp_path, dev=None))
 
 
+def test_data_files_under_the_data_and_cache_directories(tmp_path):
+    """`<data>/PATH` is read from data.dir and `<cache>/PATH` from cache_dir, not from the
+    spec's folder; the config keeps the paths as written (the same on every machine)."""
+    corpus, derived = tmp_path / "data" / "corpus", tmp_path / "cache" / "derived"
+    corpus.mkdir(parents=True)
+    derived.mkdir(parents=True)
+    write_jsonl(
+        corpus / "rows.jsonl", [{**row, "text": f"corpus {row['text']}"} for row in rows(40, 20)]
+    )
+    write_jsonl(derived / "dev.jsonl", [{"text": "derived dev message"}])
+    spec = spec_file(tmp_path, train="<data>/corpus/rows.jsonl", dev="<cache>/derived/dev.jsonl")
+    cfg = config(spec, f"data.dir={tmp_path / 'data'}", f"cache_dir={tmp_path / 'cache'}")
+    validate(cfg)
+    assert (cfg.task.train, cfg.task.dev) == (
+        "<data>/corpus/rows.jsonl",
+        "<cache>/derived/dev.jsonl",
+    )
+    task = load_task(cfg)
+    assert task.spec.files == {"train": corpus / "rows.jsonl", "dev": derived / "dev.jsonl"}
+    assert task.examples["train"][0].input == "corpus message number 0 about order 1000"
+    assert task.examples["train"][0].uid == "rows.jsonl:1"  # relative to the train file's folder
+    assert [ex.input for ex in task.splits().dev] == ["derived dev message"]
+
+
+def test_a_data_file_needs_the_data_directory_and_the_file(tmp_path):
+    spec = spec_file(tmp_path, train="<data>/corpus/rows.jsonl")
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"^task\.train=<data>/corpus/rows\.jsonl: data\.dir is not set \(give data\.dir=DIR "
+            r"or set GRAMMARRL_DATA_DIR\): <data>/ names a file under it$"
+        ),
+    ):
+        validate(config(spec, "data.dir=null"))
+    missing = re.escape(str(tmp_path / "corpus" / "rows.jsonl"))
+    with pytest.raises(
+        ConfigError,
+        match=rf"^task\.train=<data>/corpus/rows\.jsonl: no such file {missing} \(data\.dir=",
+    ):
+        validate(config(spec, f"data.dir={tmp_path}"))
+
+
 def test_spec_values_merge_under_the_command_line(tmp_path):
     spec = spec_file(tmp_path, max_new_tokens=24, lr=3e-5, num_fewshot=1)
     cfg = config(spec, "task.max_new_tokens=50")
@@ -672,16 +714,21 @@ def test_unlabelled_data_trains_and_reports_the_metric_unavailable(tmp_path, mon
 # ---------------------------------------------------------------------- the shipped example
 
 
+def load_make_data(folder: Path):
+    """An example folder's make_data.py as a module."""
+    import importlib.util
+
+    module_spec = importlib.util.spec_from_file_location("make_data", folder / "make_data.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 def test_support_tickets_example_is_reproducible_and_loads(tmp_path):
     """examples/support_tickets: make_data.py writes exactly the committed files; the spec
     loads with its documented splits and every gold ticket is accepted by its schema."""
-    import importlib.util
-
     folder = ROOT / "examples" / "support_tickets"
-    module_spec = importlib.util.spec_from_file_location("make_data", folder / "make_data.py")
-    make_data = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(make_data)
-    make_data.main(tmp_path)
+    load_make_data(folder).main(tmp_path)
     for name in ("train.jsonl", "dev.jsonl", "test.jsonl", "demonstrations.jsonl"):
         assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), name
     task = task_of(folder / "task.yaml")
@@ -691,3 +738,35 @@ def test_support_tickets_example_is_reproducible_and_loads(tmp_path):
     assert sum(map(len, task.corpus.values())) == 60 + 60 + 3  # labelled train, test, demos
     assert task.gold_rejected[0] == 0 and task.gold_rejected[1] > 60  # distinct tickets
     assert sum(bool(ex.target) for ex in s.train) == 60
+
+
+def test_real_data_examples_load_on_the_bundled_samples(tmp_path):
+    """examples/wos_parent reads `<data>/wos/...`; examples/conll_persons reads the rows its
+    make_data.py derives from `<data>/conll2003` into `<cache>/...` (tests/test_examples_real.py
+    checks both on the real data)."""
+    from grammarrl.data.sources import SAMPLES_DIR
+
+    wos = task_of(ROOT / "examples" / "wos_parent" / "task.yaml", f"data.dir={SAMPLES_DIR}")
+    assert (wos.name, wos.metric_name, wos.spec.kind, wos.vocab_size()) == (
+        "wos_parent",
+        "accuracy",
+        "choices",
+        7,
+    )
+    assert wos.spec.files["train"] == SAMPLES_DIR / "wos" / "wos_labelled.jsonl"
+    assert wos.gold_rejected == (0, 7)
+
+    folder = ROOT / "examples" / "conll_persons"
+    out = load_make_data(folder).main([f"data.dir={SAMPLES_DIR}", f"cache_dir={tmp_path}"])
+    assert out == tmp_path / "examples" / "conll_persons"
+    first, second = map(json.loads, (out / "train.jsonl").read_text().splitlines()[:2])
+    assert first == {
+        "sentence": "Maria Olsen opened the new Nordvik Bank branch in Bergen on Monday .",
+        "output": {"persons": ["Maria Olsen"]},
+        "source": "conll2003/train.txt:3",
+    }
+    assert second["output"] == {"persons": []}  # an organisation and a misc entity, no person
+    persons = task_of(folder / "task.yaml", f"cache_dir={tmp_path}")
+    assert (persons.name, persons.metric_name) == ("conll_persons", "json_fields_f1")
+    assert persons.splits().fewshot[0].target == '{"persons": ["Maria Olsen"]}'
+    assert persons.gold_rejected[0] == 0

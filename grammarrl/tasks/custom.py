@@ -3,7 +3,8 @@
     python -m grammarrl.run task=custom task.spec=examples/support_tickets/task.yaml
 
 `conf/task/custom.yaml` documents every key. A spec file (`task.spec`) holds any task key; its
-relative paths are read from its directory. The keys can also be given inline. The spec is
+relative paths are read from its directory, a data file written `<data>/PATH` or `<cache>/PATH`
+from data.dir or cache_dir (`custom_spec.ROOTS`). The keys can also be given inline. The spec is
 merged into `cfg.task` and checked by `resolve_spec`, which `grammarrl.job.validate` calls
 before any model or data is loaded: unknown keys, missing files, none or two output constraints,
 a schema, regex or Lark grammar that llguidance cannot compile (its message), a bad metric.

@@ -4,6 +4,10 @@
 any model or data is loaded) merges the spec file and builds a `CustomSpec`: absolute files, the
 output constraint compiled to a Lark source (`custom_grammar`), the prompts and the metric. Any bad
 value is a ConfigError naming the key (and the spec file).
+
+A data file (`FILE_KEYS`) is a path relative to the spec file's directory, an absolute path, or
+one under a configured directory (`ROOTS`): `<data>/wos/wos_labelled.jsonl` is read from
+`data.dir`, `<cache>/...` from `cache_dir`, so a spec can name a corpus outside the repository.
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ CONSTRAINTS = ("json_schema", "regex", "lark", "choices")
 METRICS = ("exact_match", "accuracy", "json_fields_f1", "bleu")
 AUTO_METRIC = {"json_schema": "json_fields_f1", "choices": "accuracy"}  # else exact_match
 FILE_KEYS = ("train", "dev", "test", "demonstrations")
+# A data file's path may start with one of these: a file under that configured directory.
+ROOTS = {
+    "<data>/": ("data.dir", "GRAMMARRL_DATA_DIR"),
+    "<cache>/": ("cache_dir", "GRAMMARRL_CACHE_DIR"),
+}
 CUSTOM_KEYS = (
     "spec",
     *FILE_KEYS,
@@ -99,7 +108,8 @@ def resolve_spec(cfg: DictConfig) -> CustomSpec:
             f"data.source={source}: a custom task reads its own files "
             "(task.train, task.dev, task.test); leave data.source=local"
         )
-    return replace(build_spec(task), overrides=tuple(overrides))
+    roots = {prefix: OmegaConf.select(cfg, key) for prefix, (key, _) in ROOTS.items()}
+    return replace(build_spec(task, roots), overrides=tuple(overrides))
 
 
 def _spec_defaults() -> DictConfig:
@@ -161,15 +171,19 @@ def _plain(value: Any) -> Any:
 
 
 def _from_spec_dir(key: str, value: Any, directory: Path) -> Any:
-    """A spec file's value with a relative file path made absolute from `directory`."""
+    """A spec file's value with a relative file path made absolute from `directory` (a path
+    under a `ROOTS` directory is kept as written)."""
     is_path = (
         key in FILE_KEYS
         or (key == "json_schema" and isinstance(value, str) and not value.lstrip().startswith("{"))
         or (key == "lark" and isinstance(value, str) and _is_lark_file(value))
     )
-    if is_path and isinstance(value, str) and not Path(value).expanduser().is_absolute():
-        return str((directory / value).resolve())
-    return value
+    relative = (
+        isinstance(value, str)
+        and not value.startswith(tuple(ROOTS))
+        and not Path(value).expanduser().is_absolute()
+    )
+    return str((directory / value).resolve()) if is_path and relative else value
 
 
 def _is_lark_file(value: str) -> bool:
@@ -184,6 +198,26 @@ def _existing_file(task: DictConfig, key: str) -> Path:
     return path.resolve()
 
 
+def _data_file(task: DictConfig, key: str, roots: dict[str, str | None]) -> Path:
+    """task.KEY's file: `<data>/PATH` under data.dir, `<cache>/PATH` under cache_dir (`ROOTS`),
+    else the path as given; ConfigError naming the key when the directory or file is missing."""
+    value = str(task.get(key))
+    prefix = next((p for p in ROOTS if value.startswith(p)), None)
+    if prefix is None:
+        return _existing_file(task, key)
+    setting, variable = ROOTS[prefix]
+    root = roots.get(prefix)
+    if root in (None, ""):
+        raise ConfigError(
+            f"task.{key}={value}: {setting} is not set (give {setting}=DIR or set "
+            f"{variable}): {prefix} names a file under it"
+        )
+    path = Path(str(root)).expanduser() / value.removeprefix(prefix)
+    if not path.is_file():
+        raise ConfigError(f"task.{key}={value}: no such file {path} ({setting}={root})")
+    return path.resolve()
+
+
 def _text(task: DictConfig, key: str, default: str | None = None) -> str | None:
     value = task.get(key)
     if value is None:
@@ -193,10 +227,11 @@ def _text(task: DictConfig, key: str, default: str | None = None) -> str | None:
     return value
 
 
-def build_spec(task: DictConfig) -> CustomSpec:
-    """Check a merged custom task config and compile its constraint (no tokenizer needed)."""
+def build_spec(task: DictConfig, roots: dict[str, str | None]) -> CustomSpec:
+    """Check a merged custom task config and compile its constraint (no tokenizer needed);
+    `roots`: the directory of each `ROOTS` prefix."""
     name = _checked_name(task)
-    files = _checked_files(task)
+    files = _checked_files(task, roots)
     input_field, output_field = _checked_fields(task, files)
     if int(task.get("num_hints") or 0) != 0:
         raise ConfigError(
@@ -244,11 +279,11 @@ def _checked_name(task: DictConfig) -> str:
     return name
 
 
-def _checked_files(task: DictConfig) -> dict[str, Path]:
+def _checked_files(task: DictConfig, roots: dict[str, str | None]) -> dict[str, Path]:
     """The data files the task names (task.train required), each existing and of a known format."""
     if task.get("train") is None:
         raise ConfigError("task.train is required: the JSONL or CSV file of training inputs")
-    files = {key: _existing_file(task, key) for key in FILE_KEYS if task.get(key) is not None}
+    files = {key: _data_file(task, key, roots) for key in FILE_KEYS if task.get(key) is not None}
     for key, path in files.items():
         if path.suffix.lower() not in FORMATS:
             raise ConfigError(
