@@ -20,16 +20,33 @@ a practitioner's data would be), dev.jsonl (30 messages: calibration inputs; eac
 `triage`, for the quick start's dev curve and the choice of its settings, but no `ticket`),
 test.jsonl (60 labelled), demonstrations.jsonl (3 labelled, of three categories:
 `demonstrations`).
+
+test_fresh.jsonl (200 labelled, each with `ticket` and `triage`): a second test split drawn
+afterwards with its own generator, `random.Random(FRESH_SEED)` (FRESH_SEED = 20271), for
+results that no table on test.jsonl has seen. It leaves the files above byte-identical (they
+come from `random.Random(SEED)` alone) and shares no message with them, not even a
+near-identical one: no fresh message has the `near_key` of an earlier or another fresh one (the
+text in lower case, without its opener, sign-off and punctuation, order numbers and other
+numbers masked). The earlier files hold only some ways of writing a few situations (an account
+question of medium urgency without an order number has none left), so its label mix is close
+to, not exactly, the generator's (`fresh`). Select it on the command line, specs unchanged:
+
+    python -m grammarrl.run task=custom task.spec=examples/support_tickets/triage.yaml \
+        task.test=examples/support_tickets/test_fresh.jsonl
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SEED = 17
+SEED = 17  # demonstrations, train, dev, test (in that order)
+FRESH_SEED = 20271  # test_fresh.jsonl only
+FRESH_COUNT = 200
+FRESH_TRIES = 20000
 
 SMART = [
     "smart watch",
@@ -282,6 +299,58 @@ def demonstrations(rng: random.Random, seen: set[str]) -> list[tuple[str, dict]]
     return chosen
 
 
+ORDER_ID = re.compile(r"\b[a-z]{2}-[0-9]{5}\b")
+_NAME = "(?:" + "|".join(name.lower() for name in NAMES) + ")"
+OPENER = re.compile("^(?:" + "|".join(re.escape(o.lower()) for o in OPENERS if o) + ") ")
+CLOSER = re.compile(
+    " (?:"
+    + "|".join(re.escape(c.lower()).replace(re.escape("{name}"), _NAME) for c in CLOSERS if c)
+    + ")$"
+)
+
+
+def near_key(text: str) -> str:
+    """What two messages must not share to count as different: the text in lower case without
+    its opener and sign-off, order numbers and other numbers masked, punctuation dropped."""
+    text = CLOSER.sub("", OPENER.sub("", ORDER_ID.sub("#", text.lower().replace("'", ""))))
+    text = re.sub(r"[0-9]+", "0", text)
+    return " ".join(re.sub(r"[^a-z0-9#]+", " ", text).split())
+
+
+def labels(ticket: dict) -> tuple:
+    """A ticket's labels as the fresh draw keeps them: category, urgency, refund, order or not."""
+    return (
+        ticket["category"],
+        ticket["urgency"],
+        ticket["wants_refund"],
+        ticket["order_id"] is None,
+    )
+
+
+def fresh(count: int, rng: random.Random, taken: set[str]) -> list[tuple[str, dict]]:
+    """`count` messages whose `near_key` is not in `taken` (the earlier messages') nor shared
+    among them, keeping the generator's label mix wherever it can rather than the mix of the
+    messages that are left. Each row's labels are drawn as the generator draws them; its message
+    is redrawn until one with those labels (`labels`) is new, else (after FRESH_TRIES draws: the
+    generator has few ways to write, say, an account question of medium urgency without an
+    order number) one with the same category and order-or-not, else the labels are skipped."""
+    out: list[tuple[str, dict]] = []
+    while len(out) < count:
+        _, wanted = message(rng)
+        for same in (labels, lambda t: (t["category"], t["order_id"] is None)):
+            found = None
+            for _ in range(FRESH_TRIES):
+                text, ticket = message(rng)
+                if same(ticket) == same(wanted) and near_key(text) not in taken:
+                    found = (text, ticket)
+                    break
+            if found:
+                taken.add(near_key(found[0]))
+                out.append(found)
+                break
+    return out
+
+
 def main(out: Path = HERE) -> None:
     rng = random.Random(SEED)
     seen: set[str] = set()
@@ -289,7 +358,14 @@ def main(out: Path = HERE) -> None:
     write(out / "train.jsonl", generate(240, rng, seen), labelled=60)
     write(out / "dev.jsonl", generate(30, rng, seen), labelled=30, tickets=False)
     write(out / "test.jsonl", generate(60, rng, seen), labelled=60)
-    print(f"wrote demonstrations 3, train 240 (60 labelled), dev 30, test 60 to {out}")
+    # the fresh test split: its own generator, after the files above (which it leaves as they were)
+    taken = {near_key(text) for text in seen}
+    rows = fresh(FRESH_COUNT, random.Random(FRESH_SEED), taken)
+    write(out / "test_fresh.jsonl", rows, labelled=FRESH_COUNT)
+    print(
+        f"wrote demonstrations 3, train 240 (60 labelled), dev 30, test 60, "
+        f"test_fresh {FRESH_COUNT} to {out}"
+    )
 
 
 if __name__ == "__main__":
