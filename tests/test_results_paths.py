@@ -93,7 +93,7 @@ def _job(tmp_path: Path, monkeypatch) -> tuple[DictConfig, Path]:
     """A job started in tmp_path (the repository) with its data and cache there too, and its
     run directory holding Hydra's files as Hydra writes them (absolute)."""
     monkeypatch.chdir(tmp_path)
-    data, cache = tmp_path / "shared" / "data", tmp_path / "home" / ".cache" / "grammarrl"
+    data, cache = tmp_path / "shared" / "data", tmp_path / "home" / "cache" / "grammarrl"
     cfg = compose_config(
         ["model=tiny", "mode=eval", "logger=none", f"data.dir={data}", f"cache_dir={cache}"]
         + [f"eval.adapter={tmp_path / 'ad'}"]

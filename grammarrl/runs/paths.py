@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from omegaconf import OmegaConf
+
+from grammarrl.config.checks import CONF_DIR
+
 DATA, CACHE = "<data>", "<cache>"
 BEFORE = r"(?<![\w.~/<>-])"  # a root starts a path: not inside another path or token
 AFTER = r"(?![\w.-])"  # and ends where its name ends (then `/`, a quote, a space, `:`...)
@@ -67,17 +71,23 @@ class Roots:
 
     @classmethod
     def here(cls) -> Roots:
-        """This machine's default roots: $GRAMMARRL_DATA_DIR, $GRAMMARRL_CACHE_DIR (else
-        ~/.cache/grammarrl, as conf/config.yaml) and the working directory."""
-        cache = os.environ.get("GRAMMARRL_CACHE_DIR") or "~/.cache/grammarrl"
+        """This machine's default roots: $GRAMMARRL_DATA_DIR, conf/config.yaml's `cache_dir`
+        ($GRAMMARRL_CACHE_DIR, else under the home directory) and the working directory."""
         return cls(
-            _absolute(os.environ.get("GRAMMARRL_DATA_DIR")), _absolute(cache), str(Path.cwd())
+            _absolute(os.environ.get("GRAMMARRL_DATA_DIR")),
+            _absolute(_default_cache_dir()),
+            str(Path.cwd()),
         )
 
     def rules(self) -> list[Rule]:
         """Data, cache, then repository: the most specific first."""
         named = (("data", self.data, DATA), ("cache", self.cache, CACHE), ("repo", self.repo, ""))
         return [Rule(kind, re.escape(root), token) for kind, root, token in named if root]
+
+
+def _default_cache_dir() -> str:
+    """`cache_dir` as conf/config.yaml resolves it on this machine (its one default)."""
+    return str(OmegaConf.load(Path(CONF_DIR) / "config.yaml").cache_dir)
 
 
 def _absolute(value: Any) -> str | None:
