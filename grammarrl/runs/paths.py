@@ -10,6 +10,7 @@ that made them); `read_record` turns `<data>` and `<cache>` back into this machi
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections import Counter
@@ -87,6 +88,13 @@ class Roots:
 
 def _default_cache_dir() -> str:
     """`cache_dir` as conf/config.yaml resolves it on this machine (its one default)."""
+    return _resolved_cache_dir(os.environ.get("GRAMMARRL_CACHE_DIR"), os.environ.get("HOME"))
+
+
+@functools.cache
+def _resolved_cache_dir(env_cache: str | None, home: str | None) -> str:
+    """conf/config.yaml's `cache_dir`, read once per value of the variables it depends on (the
+    job's log file formats every line with it)."""
     return str(OmegaConf.load(Path(CONF_DIR) / "config.yaml").cache_dir)
 
 
