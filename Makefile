@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv run lint docs test test-fast bench report clean
+.PHONY: venv run lint docs test test-fast bench report clean adapters
 
 venv: $(STAMP)
 
@@ -124,7 +124,7 @@ evidence2-cpu: venv
 FRESH    := multirun/evidence2-fresh
 FRESHRUN := OMP_NUM_THREADS=1 $(PY) -m grammarrl.run +experiment=evidence2_fresh_cpu logger=none
 ADAPTER360 := experiments/results/smollm2-cpu-2/adapter-lambda0.75-kl-reward-360steps
-evidence2-fresh-cpu: venv
+evidence2-fresh-cpu: venv adapters
 	mkdir -p $(FRESH)
 	( for s in 0 1; do $(FRESHRUN) +experiment/variant=rerank "eval.sampler_seeds=[$$s]" hydra.run.dir=$(FRESH)/rerank_s$$s; done ) & \
 	( $(FRESHRUN) +experiment/variant=baseline_greedy hydra.run.dir=$(FRESH)/frozen_greedy && \
@@ -135,6 +135,11 @@ evidence2-fresh-cpu: venv
 	$(AGG) compare $(FRESH) --out experiments/results/smollm2-cpu-2/fresh-draw --reference "frozen greedy" \
 	  --reference "frozen beam(3)" --reference "Sample-Rerank(10)" \
 	  --reference "Full IS(10) on Sample-Rerank particles"
+
+# The committed adapters' weights (float32, 78 MB each), kept out of the tracked tree, written
+# back from git history and checked (experiments/results/adapters.json; a second run changes nothing).
+adapters:
+	$(PY) -m experiments.restore_adapters
 
 # Every CPU-scale table, in dependency order (hours on 2 cores).
 paper-cpu: sweep-calibration-cpu sweep-main-cpu sweep-ablation-lambda-cpu \

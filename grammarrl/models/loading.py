@@ -305,11 +305,19 @@ def peft_deprecations_quiet() -> Iterator[None]:
         yield
 
 
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # PEFT's file names
+
+
 def check_adapter_dir(adapter_dir: str | Path, key: str = "eval.adapter") -> Path:
     """The directory of a saved PEFT adapter (config `key`); ModelError when it is not one."""
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise ModelError(f"{key}={adapter_dir}: no adapter_config.json there")
+    if not any((adapter_dir / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise ModelError(
+            f"{key}={adapter_dir}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)}) there; "
+            f"the adapters committed under experiments/results/ are restored by `make adapters`"
+        )
     return adapter_dir
 
 
