@@ -130,4 +130,40 @@ def test_on_recorded_conll_groups_the_training_lambda_does_not_empty_outputs():
     verdict = make_verdict(curve, None, "micro_f1", 0.75, 0.02, 0.6, crossfit=asdict(crossfit))
     assert verdict.outlook == "likely" and verdict.reranking_lambda == 0.5
     assert verdict.training_lambda == 0.75
-    assert "at λ=0, 0.25, 0.5 the reward's argmax is emptier than greedy" in verdict.text
+    assert curve["gold_fullness"] == {"value": pytest.approx(1.775), "of": "dev inputs"}
+    assert (
+        "at λ=0, 0.25, 0.5 the reward's argmax is emptier than both greedy's 1.43 and the gold "
+        "outputs' 1.77 (of the dev inputs)" in verdict.text
+    )
+
+
+def _filled(**values: str) -> str:
+    return json.dumps({name: values.get(name, "") for name in FIELDS})
+
+
+@pytest.mark.parametrize(
+    ("dev_gold", "labelled_golds", "emptier"),
+    [
+        (True, (), False),  # gold fills one field, as the argmax: no pull below it
+        (False, (_filled(person="Ada"),), False),  # no dev gold: the labelled rows' gold
+        (False, (), True),  # no gold at all: greedy's fullness is the floor
+    ],
+)
+def test_an_argmax_emptier_than_greedy_but_as_full_as_gold_is_no_pull(
+    dev_gold, labelled_golds, emptier
+):
+    """Greedy fills a field gold leaves empty (the support-triage case: an order number in every
+    message): the argmax that drops it is emptier than greedy, not than gold, and RLOO trained
+    there (the quick start); training λ stays the reranking λ."""
+    gold = _filled(person="Ada")
+    group = Group(
+        Example("u", "", gold if dev_gold else ""),
+        [_filled(person="Ada", organization="Acme"), gold],
+        [-1.0, -0.5],  # the one-field output wins under both terms, at every λ
+        [-3.0, -2.0],
+    )
+    curve = lambda_curve(RecordedConll(), [group] * 4, [0.0, 1.0], Sigmas(1.0, 1.0), labelled_golds)
+    assert curve["greedy"]["fullness"] == 2 and [p["fullness"] for p in curve["argmax"]] == [1, 1]
+    assert [p["emptier"] for p in curve["argmax"]] == [emptier, emptier]
+    expected_gold = None if emptier else 1.0
+    assert curve["gold_fullness"]["value"] == expected_gold

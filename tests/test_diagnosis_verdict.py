@@ -194,10 +194,10 @@ def test_the_training_lambda_is_never_one_whose_argmax_is_emptier_than_greedy():
     assert (verdict.reranking_lambda, verdict.training_lambda) == (0.25, 0.75)
     assert verdict.text.endswith(
         "Reranking λ=0.25: its reward's argmax scores best on all 40 labelled dev inputs (0.396; "
-        "greedy 0.220). For training: λ=0.75, the best λ whose argmax is not emptier than "
-        "greedy's output; at λ=0, 0.25 the reward's argmax is emptier than greedy (0.50, 0.80 "
-        "filled fields per output against greedy's 1.00), and RLOO follows that pull towards "
-        "emptier outputs (on CoNLL, training at λ=0.25 emptied 198 of 200 dev outputs)."
+        "greedy 0.220). For training: λ=0.75, the best λ whose argmax is not so; at λ=0, 0.25 "
+        "the reward's argmax is emptier than greedy's 1.00 (0.50, 0.80 filled fields per "
+        "output), and RLOO follows that pull towards emptier outputs (on CoNLL, training at "
+        "λ=0.25 emptied 198 of 200 dev outputs)."
     )
     every = _curve(0.220, 0.465, metrics, LAMBDAS, fullness=[0.5, 0.8, 0.9, 0.95, 0.99])
     verdict = _verdict(every, None, "micro_f1", crossfit)

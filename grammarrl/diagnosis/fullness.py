@@ -1,7 +1,9 @@
-"""How full an output is, for the training λ's guard: a reward whose argmax is emptier than
-greedy's pulls a trained policy towards emptier outputs, and RLOO follows that pull all the way
-(on CoNLL at λ=0.25, to the all-empty object; docs/diagnose.md). Task-agnostic: a JSON object
-counts its filled fields, any other output its words."""
+"""How full an output is, for the training λ's guard: a reward whose argmax is emptier than both
+greedy's outputs and the gold outputs pulls a trained policy towards emptier outputs, and RLOO
+follows that pull all the way (on CoNLL at λ=0.25, to the all-empty object; docs/diagnose.md).
+Emptier than greedy alone is no such pull where greedy fills more than gold does: on the
+support-triage example greedy names an order number in every message and gold in half of them.
+Task-agnostic: a JSON object counts its filled fields, any other output its words."""
 
 from __future__ import annotations
 
@@ -35,6 +37,20 @@ def fullness_unit(groups: Sequence[Group]) -> str:
     """What `fullness` counts on these groups: filled fields where a greedy output is a JSON
     object, else words."""
     return FIELDS if any(_json_object(g.texts[0]) is not None for g in groups) else WORDS
+
+
+def floor(greedy: float | None, gold: float | None) -> float | None:
+    """The fullness below which an argmax pulls towards emptier outputs: the lower of greedy's
+    and gold's mean (greedy's alone without gold)."""
+    if greedy is None or gold is None:
+        return greedy
+    return min(greedy, gold)
+
+
+def gold_fullness(golds: Sequence[str]) -> float | None:
+    """The gold outputs' mean fullness; None without one."""
+    golds = [g for g in golds if g]
+    return sum(fullness(g) for g in golds) / len(golds) if golds else None
 
 
 def mean_fullness(groups: Sequence[Group], picks: Sequence[int]) -> float | None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from grammarrl.diagnosis.candidates import Group
-from grammarrl.diagnosis.fullness import fullness_unit, mean_fullness
+from grammarrl.diagnosis.fullness import floor, fullness_unit, gold_fullness, mean_fullness
 from grammarrl.rl.rloo import combine_rewards
 from grammarrl.tasks.base import Task
 
@@ -112,13 +112,21 @@ def distinct_share(groups: list[Group]) -> float:
 
 
 def lambda_curve(
-    task: Task, groups: list[Group], lambdas: Sequence[float], sigmas: Sigmas
+    task: Task,
+    groups: list[Group],
+    lambdas: Sequence[float],
+    sigmas: Sigmas,
+    labelled_golds: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Greedy, oracle and the reward's argmax at each λ: the metric (None without gold), its
     per-field F1's, the mean fullness over every input (`fullness_unit`; the argmax's `emptier`:
-    below greedy's), how often the argmax is not greedy's output, and the reward gap."""
+    below `fullness.floor` of greedy's and the gold outputs', those of the dev inputs, else
+    `labelled_golds`), how often the argmax is not greedy's output, and the reward gap."""
     greedy = [0] * len(groups)
     full = mean_fullness(groups, greedy)
+    dev_gold = gold_fullness([g.example.target for g in groups])
+    gold = dev_gold if dev_gold is not None else gold_fullness(labelled_golds)
+    lowest = floor(full, gold)
     curve = []
     for lam in lambdas:
         picks = [argmax_index(g, lam, sigmas) for g in groups]
@@ -128,7 +136,7 @@ def lambda_curve(
                 "lambda": lam,
                 "metric": metric_of(task, groups, picks),
                 "fullness": fullness,
-                "emptier": fullness is not None and full is not None and fullness < full,
+                "emptier": fullness is not None and lowest is not None and fullness < lowest,
                 "changed": sum(g.texts[p] != g.texts[0] for g, p in zip(groups, picks))
                 / max(len(groups), 1),
                 "reward_gap": reward_gap(groups, picks, lam, sigmas),
@@ -145,6 +153,14 @@ def lambda_curve(
         "distinct_share": distinct_share(groups),
         "fullness_unit": fullness_unit(groups),
         "greedy": {**metric_of(task, groups, greedy), "fullness": full},
+        "gold_fullness": {
+            "value": gold,
+            "of": None
+            if gold is None
+            else "dev inputs"
+            if dev_gold is not None
+            else "labelled rows",
+        },
         "oracle": metric_of(task, groups, [oracle_index(task, g) for g in groups])
         if any(g.example.target for g in groups)
         else {"value": None, "fields": {}},

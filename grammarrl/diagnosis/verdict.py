@@ -3,9 +3,10 @@ the λ's, and why. Pure functions of the λ curve (`selection.lambda_curve`), th
 (`crossfit.cross_fit`) and the per-field concordance (`concordance.concordance`).
 
 Two λ's: the reranking λ, at which reranking the candidates by the reward picks best, and the
-training λ, the best λ whose argmax is not emptier than greedy's (`fullness`): a reward that
-prefers emptier outputs than greedy's pulls a trained policy towards them (on CoNLL, RLOO at
-λ=0.25 emptied 198 of 200 dev outputs), however well it reranks a fixed set of samples.
+training λ, the best λ whose argmax is not emptier than both greedy's outputs and the gold
+outputs (`fullness.floor`): a reward that prefers emptier outputs pulls a trained policy towards
+them (on CoNLL, RLOO at λ=0.25 emptied 198 of 200 dev outputs), however well it reranks a fixed
+set of samples.
 
 A field is judged by the reverse reward, the term that reads the input: the direct reward scores
 an output by the model's own likelihood, which greedy decoding already follows, so its preference
@@ -268,10 +269,9 @@ def _lambda_sentence(
     at = ", ".join(f"{p['lambda']:g}" for p in emptier)
     values = ", ".join(f"{p['fullness']:.2f}" for p in emptier)
     pull = (
-        f"at λ={at} the reward's argmax is emptier than greedy ({values} "
-        f"{curve['fullness_unit']} per output against greedy's {curve['greedy']['fullness']:.2f}), "
-        "and RLOO follows that pull towards emptier outputs (on CoNLL, training at λ=0.25 "
-        "emptied 198 of 200 dev outputs)"
+        f"at λ={at} the reward's argmax is emptier than {_yardstick(curve)} ({values} "
+        f"{curve['fullness_unit']} per output), and RLOO follows that pull towards emptier "
+        "outputs (on CoNLL, training at λ=0.25 emptied 198 of 200 dev outputs)"
     )
     head = f"Reranking λ={reranking:g}: {why}."
     if training is None:
@@ -279,10 +279,16 @@ def _lambda_sentence(
             f"{head} No λ is recommended for training, {pull}: at every λ compared. If you "
             "train anyway, watch the empty outputs of the first validations."
         )
-    return (
-        f"{head} For training: λ={training:g}, the best λ whose argmax is not emptier than "
-        f"greedy's output; {pull}."
-    )
+    return f"{head} For training: λ={training:g}, the best λ whose argmax is not so; {pull}."
+
+
+def _yardstick(curve: dict[str, Any]) -> str:
+    """What an argmax's fullness is held against (`fullness.floor`), in words."""
+    greedy = f"greedy's {curve['greedy']['fullness']:.2f}"
+    gold = curve.get("gold_fullness", {}).get("value")
+    if gold is None:
+        return greedy
+    return f"both {greedy} and the gold outputs' {gold:.2f} (of the {curve['gold_fullness']['of']})"
 
 
 def make_verdict(
