@@ -287,6 +287,8 @@ def test_diagnose_end_to_end_on_tiny_writes_its_files(tmp_path, cache_dir):
     assert (table["category"]["pairs"], table["urgency"]["pairs"]) == (8, 4)
     assert table["wants_refund"]["pairs"] == 2
     assert record["verdict"]["text"] in (out / "diagnosis.md").read_text()
+    assert record["config"]["task"]["spec"] == "examples/support_tickets/task.yaml"
+    assert str(REPO) not in (out / "diagnosis.json").read_text()  # paths as run records name them
     # the same job again is skipped (its diagnosis.json is there); training's keys do not count
     from grammarrl.job import compose_job_config
     from grammarrl.runs.rundir import plan_job

@@ -224,10 +224,14 @@ def plot(record: dict[str, Any], path: Path) -> Path:
 
 
 def write_report(out: Path, record: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
-    """Write the rows, the plot, the Markdown and, last, the JSON; returns the JSON's path."""
+    """Write the rows, the plot, the Markdown and, last, the JSON, their paths as run records
+    name them (`runs.results.as_written`); returns the JSON's path."""
     from grammarrl.runs.atomic import write_jsonl
+    from grammarrl.runs.paths import Roots, portable
+    from grammarrl.runs.results import as_written
 
-    write_jsonl(out / "diagnosis_rows.jsonl", rows)
+    record = as_written(record)
+    write_jsonl(out / "diagnosis_rows.jsonl", portable(rows, Roots.of(record["config"])))
     plot(record, out / PLOT)
     atomic_write(out / MARKDOWN, lambda handle: handle.write(markdown(record)))
     return write_json(out / JSON, record)
