@@ -10,6 +10,7 @@ import torch
 from benchmarks.common import Bench, BenchResult, interleaved, real_prompts
 from grammarrl.decoding.scoring import Prefix, common_prefix_length
 from grammarrl.models.chat import end_of_turn_id
+from grammarrl.rl.reward import BidirectionalReward
 from grammarrl.rl.rewards import ReferenceScorer
 
 
@@ -32,9 +33,9 @@ def static_prefix(bench: Bench, task_name: str, count: int = 8) -> BenchResult:
     outputs = [tokenizer.encode(ex.target, add_special_tokens=False) + [end] for ex in examples]
 
     def run(scorer_class: type[ReferenceScorer]) -> list[tuple[float, float] | None]:
-        scorer = scorer_class(model, tokenizer, task)
+        reward = BidirectionalReward(scorer_class(model, tokenizer, task))
         return [
-            scorer.score_output(ex, prompt, ids, ex.target)
+            reward.score_output(ex, prompt, ids, ex.target)
             for ex, prompt, ids in zip(examples, prompts, outputs)
         ]
 

@@ -59,17 +59,19 @@ TIMING = "timing.json"  # wall time of the job's last complete run (skipped re-r
 def preflight(cfg: DictConfig, out: Path | None, plan: rundir.Plan) -> dict[str, Any]:
     """Checks of the environment a job needs, before any model or data is loaded and before
     its run directory is touched (they change nothing): W&B credentials, the device, the
-    model's files, the adapter to evaluate, the calibration file, and (train) the checkpoint the
-    run would resume from, unless the plan deletes it. Returns what the mode's function takes
+    model's files, the adapter to evaluate, the reward class, the calibration file, and (train)
+    the checkpoint the run would resume from, unless the plan deletes it. Returns what the mode's function takes
     from them, so that it does not find it again: `resume` (train)."""
     from grammarrl.models.loading import check_adapter_dir, check_model_source, resolve_device
     from grammarrl.rl.calibration import CalibrationSettings, check_calibration_file
+    from grammarrl.rl.reward import reward_class
 
     tracking.check_logger(cfg)
     resolve_device(cfg.device)
     check_model_source(cfg.model)
     if cfg.eval.adapter:
         check_adapter_dir(cfg.eval.adapter)
+    reward_class(cfg.reward._target_)  # importable, and a Reward
     check_calibration_file(CalibrationSettings.from_config(cfg), cfg.mode)
     if cfg.mode == "train" and out is not None and out / "checkpoints" not in plan.remove:
         from grammarrl.runs.results import config_dict

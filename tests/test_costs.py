@@ -114,7 +114,7 @@ def test_reward_scoring_is_counted_apart_from_generation(tiny, task, tmp_path):
         decoder, tok, task, examples, "greedy", 0, settings.batch_size, progress=False
     )
     with counted(model) as again:
-        output_rewards(model, tok, task, examples, outputs, progress=False)
+        output_rewards(settings.reward, model, tok, task, examples, outputs, progress=False)
     assert again.tokens == scored["reward_forward_tokens"]
 
 

@@ -253,7 +253,7 @@ def test_bad_diagnose_values_are_refused_before_any_model_loads(override, key, m
     validate(compose_config(["mode=diagnose", "diagnose.lambdas=[0,1]"]))
 
 
-def test_diagnose_end_to_end_on_tiny_writes_its_files(tmp_path, cache_dir):
+def test_diagnose_end_to_end_on_tiny_writes_its_files(tmp_path, cache_dir, capsys):
     out = tmp_path / "run"
     env = dict(os.environ, GRAMMARRL_CACHE_DIR=str(cache_dir), OMP_NUM_THREADS="1")
     command = [
@@ -289,6 +289,21 @@ def test_diagnose_end_to_end_on_tiny_writes_its_files(tmp_path, cache_dir):
     assert record["verdict"]["text"] in (out / "diagnosis.md").read_text()
     assert record["config"]["task"]["spec"] == "examples/support_tickets/task.yaml"
     assert str(REPO) not in (out / "diagnosis.json").read_text()  # paths as run records name them
+    # judged again from its rows, no model: the same numbers; a new line moves the fields only
+    from experiments.rejudge import main as rejudge
+
+    assert rejudge([str(out), "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "diagnosis.json").read_text())
+    assert again["candidates"] == candidates and again["fields"] == fields
+    assert again["verdict"] == record["verdict"] and again["rejudged"] == {"overrides": []}
+    assert rejudge([str(out), "--out", str(tmp_path / "low"), "diagnose.blind_below=0.01"]) == 0
+    lower = json.loads((tmp_path / "low" / "diagnosis.json").read_text())
+    assert (
+        "blind_below=60%" in record["verdict"]["text"] and lower["settings"]["blind_below"] == 0.01
+    )
+    assert "blind_below=1%" in lower["verdict"]["text"] and lower["verdict"]["blind"] == []
+    assert rejudge([str(out), "--out", str(tmp_path / "no"), "seed=5"]) == 2
+    assert "seed=5: fixed by the recorded rows" in capsys.readouterr().err
     # the same job again is skipped (its diagnosis.json is there); training's keys do not count
     from grammarrl.job import compose_job_config
     from grammarrl.runs.rundir import plan_job

@@ -9,6 +9,7 @@ from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.decoding.scoring import common_prefix_length, sequence_logprobs
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.loading import add_lora, reference_mode
+from grammarrl.rl.reward import BidirectionalReward
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.search.potentials import ReversePotential
 from grammarrl.types import Example
@@ -141,7 +142,7 @@ def test_outputs_that_merge_with_the_reverse_template_are_scored_without_the_sta
     want, _ = plain.reverse_logprobs(example, texts)
     for g, w in zip(got, want):
         assert torch.allclose(g, w, atol=1e-5)
-    potential = ReversePotential(shared)  # the search's reverse potential scores them too
+    potential = ReversePotential(BidirectionalReward(shared))  # the search's, too
     assert potential.complete(example, texts) == pytest.approx(
         [float(w.sum()) for w in want], abs=1e-3
     )

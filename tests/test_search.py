@@ -16,6 +16,7 @@ from grammarrl.decoding.smc import ParticleSet, log_ess, smc
 from grammarrl.errors import ConfigError
 from grammarrl.job import validate
 from grammarrl.models.chat import encode_prompt, end_of_turn_id
+from grammarrl.rl.reward import BidirectionalReward
 from grammarrl.rl.rewards import ReferenceScorer
 from grammarrl.search.methods import normalized_weights, posterior_draws, posterior_mode, rerank
 from grammarrl.search.potentials import Potential, ReversePotential, TaskPotential, make_potential
@@ -441,7 +442,7 @@ def test_reverse_potential_is_the_summed_reverse_likelihood(tiny):
     model, tok = tiny
     task = ToyTask(["alpha", "beta", "gamma"])
     scorer = ReferenceScorer(model, tok, task)
-    pot = ReversePotential(scorer, batch_size=2)
+    pot = ReversePotential(BidirectionalReward(scorer), batch_size=2)
     ex = Example("u", "a short sentence about beta", "beta")
     texts = ["alpha", "beta", "gamma"]
     values = pot.complete(ex, texts)
@@ -589,12 +590,12 @@ def test_adapter_proposal_with_reference_potentials(tiny, tmp_path, monkeypatch)
 
     task = ToyTask(["alpha", "beta"])
     ex = Example("u", "a sentence about alpha", "alpha")
-    base_values = ReversePotential(ReferenceScorer(model, tok, task)).complete(
+    base_values = ReversePotential(BidirectionalReward(ReferenceScorer(model, tok, task))).complete(
         ex, ["alpha", "beta"]
     )
-    peft_values = ReversePotential(ReferenceScorer(policy, tok, task)).complete(
-        ex, ["alpha", "beta"]
-    )
+    peft_values = ReversePotential(
+        BidirectionalReward(ReferenceScorer(policy, tok, task))
+    ).complete(ex, ["alpha", "beta"])
     assert peft_values == pytest.approx(base_values, abs=1e-4)
 
     monkeypatch.chdir(tmp_path)  # run_search writes outputs/... under the working directory

@@ -1,5 +1,5 @@
 """The schema of the groups that shape training: the rollout group, the LoRA adapter, the
-optimiser, the reward's σ's, the training loop (`train`, Lightning's `trainer`) and the experiment
+optimiser, the reward (its class and σ's), the training loop (`train`, Lightning's `trainer`) and the experiment
 tracker (`grammarrl.config.keys` says what a declaration holds)."""
 
 from __future__ import annotations
@@ -142,8 +142,18 @@ class TrainSchema:
     )
 
 
+REWARD_MODES = ("train", "eval", "calibrate", "search", "diagnose")  # modes that score rewards
+DEFAULT_REWARD = "grammarrl.rl.reward.BidirectionalReward"  # conf/reward/bidirectional.yaml
+
+
 @dataclass
 class RewardSchema:
+    _target_: str = key(
+        "The reward class (a grammarrl.rl.reward.Reward): `reward=bidirectional` (the paper's) "
+        "or `reward=length_normalised`; docs/rewards.md adds one.",
+        modes=REWARD_MODES,
+        recorded_default=DEFAULT_REWARD,
+    )
     sigma_direct: float | None = key(
         "σ_direct by hand, with sigma_reverse (both or neither); null: calibration file, then "
         "the task's σ table, else calibrate first.",

@@ -1,12 +1,13 @@
 """The candidate groups of mode=diagnose: per input, the greedy output and M constrained samples
-(decoded together), and any list of written texts, scored with the training reward.
+(decoded together), and any list of written texts, scored with the training reward
+(`grammarrl.rl.reward.Reward`: its two terms).
 
 Written texts (a gold output, its perturbations) are scored as `rollout.collect_rollouts` scores
-a training group (`rewards.ReferenceScorer`). Decoded candidates take R_direct from the decoder
-itself: the model decodes frozen, so the unconstrained log-probabilities it records for every
-token (end-of-turn included; `Generation.logp_unconstrained`) are log pi_ref(y_t | x, y_<t),
-the same numbers a teacher-forced reference pass computes again (up to bfloat16 rounding of a
-batched pass), at no cost; only R_reverse needs a reference pass.
+a training group. Decoded candidates take the direct pass from the decoder itself: the model
+decodes frozen, so the unconstrained log-probabilities it records for every token (end-of-turn
+included; `Generation.logp_unconstrained`) are log pi_ref(y_t | x, y_<t), the same numbers a
+teacher-forced reference pass computes again (up to bfloat16 rounding of a batched pass), at no
+cost; only the reverse pass needs the reference.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ import torch
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.models.chat import encode_prompt, end_of_turn_id
-from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.rl.reward import Reward
+from grammarrl.rl.rewards import REVERSE, CandidateScores
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
 
 @dataclass
 class Group:
-    """One input's candidates (the greedy output first) and their rewards; an empty candidate
-    (nothing decoded) is not valid and has NaN rewards, as in training it takes no part."""
+    """One input's candidates (the greedy output first) and their reward's two terms; an empty
+    candidate (nothing decoded) is not valid and has NaN terms, as in training it takes no part."""
 
     example: Example
     texts: list[str]
@@ -46,27 +48,44 @@ def text_token_ids(tokenizer: Any, text: str) -> list[int]:
     return [*tokenizer.encode(text, add_special_tokens=False), end_of_turn_id(tokenizer)]
 
 
-def decoded_group(scorer: ReferenceScorer, example: Example, gens: list[Generation]) -> Group:
-    """One input's decoded candidates: R_direct from the decoder's log-probabilities (module
-    docstring), R_reverse from the reference, once per distinct non-empty text."""
-    texts = [g.text for g in gens]
-    distinct = list(dict.fromkeys(g.text for g in gens if g.token_ids))
-    reverse = {}
-    if distinct:
-        logps, _ = scorer.reverse_logprobs(example, distinct)
-        reverse = {text: float(lp.mean()) for text, lp in zip(distinct, logps)}
+def reverse_means(reward: Reward, example: Example, texts: list[str]) -> torch.Tensor:
+    """R_reverse of each text under the reward's reference, one pass per distinct text."""
+    distinct = list(dict.fromkeys(texts))
+    if not distinct:
+        return torch.zeros(0, dtype=torch.float64)
+    logps, _ = reward.scorer.reverse_logprobs(example, distinct)
+    means = {text: float(lp.mean()) for text, lp in zip(distinct, logps)}
+    return torch.tensor([means[text] for text in texts], dtype=torch.float64)
+
+
+def decoded_group(reward: Reward, example: Example, gens: list[Generation]) -> Group:
+    """One input's decoded candidates scored with `reward`: the direct pass from the decoder's
+    log-probabilities (module docstring), the reverse pass from the reference."""
+    kept = [g for g in gens if g.token_ids]
+    texts = [g.text for g in kept]
+    measured = CandidateScores(
+        direct=torch.tensor(
+            [sum(g.logp_unconstrained) / g.num_tokens for g in kept], dtype=torch.float64
+        ),
+        reverse=reverse_means(reward, example, texts) if REVERSE in reward.passes else None,
+        ref_logp=None,
+        lengths=torch.tensor([g.num_tokens for g in kept], dtype=torch.long),
+    )
+    terms = reward.terms(example, texts, measured)
+    values = iter(zip(terms.direct.tolist(), terms.reverse.tolist()))
+    pairs = [next(values) if g.token_ids else (math.nan, math.nan) for g in gens]
     return Group(
         example,
-        texts,
-        [sum(g.logp_unconstrained) / g.num_tokens if g.token_ids else math.nan for g in gens],
-        [reverse[g.text] if g.token_ids else math.nan for g in gens],
+        [g.text for g in gens],
+        [direct for direct, _ in pairs],
+        [reverse for _, reverse in pairs],
         [g.finished for g in gens],
     )
 
 
 def decoded_groups(
     decoder: ConstrainedDecoder,
-    scorer: ReferenceScorer,
+    reward: Reward,
     tokenizer: Any,
     task: Task,
     examples: list[Example],
@@ -90,7 +109,7 @@ def decoded_groups(
                 prompts[batch], num_samples, temperature, generator, with_greedy=True
             )
             groups += [
-                decoded_group(scorer, ex, gens) for ex, gens in zip(examples[batch], decoded)
+                decoded_group(reward, ex, gens) for ex, gens in zip(examples[batch], decoded)
             ]
         bar.update(len(decoded))
     bar.close()
@@ -98,13 +117,13 @@ def decoded_groups(
 
 
 def written_group(
-    scorer: ReferenceScorer, tokenizer: Any, task: Task, example: Example, texts: list[str]
+    reward: Reward, tokenizer: Any, task: Task, example: Example, texts: list[str]
 ) -> Group:
     """Distinct written outputs of one input (e.g. its gold output and perturbations of it),
     scored by the reference as a training group is."""
     prompt = encode_prompt(tokenizer, task.forward_messages(example))
     with torch.no_grad():
-        scores = scorer.score(
+        scores = reward.score(
             example, prompt, [text_token_ids(tokenizer, t) for t in texts], list(texts)
         )
     return Group(example, list(texts), scores.direct.tolist(), scores.reverse.tolist())

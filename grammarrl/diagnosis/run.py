@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +29,14 @@ from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder
 from grammarrl.diagnosis.candidates import Group, decoded_groups, written_group
-from grammarrl.diagnosis.concordance import ALL, Pair, concordance, pairs_of, pairs_share
-from grammarrl.diagnosis.crossfit import cross_fit
+from grammarrl.diagnosis.concordance import Pair, pairs_of
+from grammarrl.diagnosis.judge import judge
 from grammarrl.diagnosis.perturb import Perturber
 from grammarrl.diagnosis.report import MARKDOWN, PLOT, write_report
-from grammarrl.diagnosis.selection import Sigmas, lambda_curve
+from grammarrl.diagnosis.selection import Sigmas
 from grammarrl.diagnosis.settings import DiagnoseSettings
-from grammarrl.diagnosis.verdict import Verdict, make_verdict
 from grammarrl.rl.calibration import CalibrationSettings, run_sigmas
-from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.rl.reward import Reward, make_reward
 from grammarrl.runs.results import dtype_name
 from grammarrl.runs.rundir import run_dir
 from grammarrl.tasks.base import Task
@@ -70,7 +67,7 @@ def labelled_rows(task: Task, count: int) -> tuple[list[Example], str]:
 
 def field_pairs(
     task: Task,
-    scorer: ReferenceScorer,
+    reward: Reward,
     tokenizer: Any,
     rows: list[Example],
     perturber: Perturber,
@@ -87,7 +84,7 @@ def field_pairs(
             records.append({"part": "unperturbed", "uid": ex.uid, "gold": ex.target})
             continue
         group = written_group(
-            scorer, tokenizer, task, ex, [ex.target, *(p.text for p in perturbations)]
+            reward, tokenizer, task, ex, [ex.target, *(p.text for p in perturbations)]
         )
         found = pairs_of(group, perturbations)
         pairs += found
@@ -125,10 +122,10 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
     sigmas = _sigmas(CalibrationSettings.from_config(cfg), model, tokenizer, task)
     lap("σ's")
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), settings.max_new_tokens)
-    scorer = ReferenceScorer(model, tokenizer, task)
+    reward = make_reward(settings.reward, model, tokenizer, task)
     groups = decoded_groups(
         decoder,
-        scorer,
+        reward,
         tokenizer,
         task,
         dev_inputs(task, settings.num_inputs),
@@ -137,14 +134,11 @@ def run_diagnose(cfg: DictConfig) -> dict[str, Any]:
         settings.batch_size,
         torch.Generator().manual_seed(settings.seed),
     )
-    curve = {
-        "rows": "the dev split, then its reserve",
-        **lambda_curve(task, groups, settings.lambdas, sigmas),
-    }
     lap("candidates")
-    fields_record, fields, pair_records = _perturbations(settings, task, scorer, tokenizer, sigmas)
+    fields_record, pairs, pair_records, golds = _perturbations(settings, task, reward, tokenizer)
     lap("perturbations")
-    verdict = _verdict(settings, task, groups, curve, fields, sigmas)
+    curve, table, verdict = judge(settings, task, groups, pairs, sigmas, golds)
+    fields_record["table"] = table or {}
     lap("cross-fitting")
     record = {
         "task": task.name,
@@ -191,49 +185,16 @@ def _sigmas(
     return Sigmas(direct, reverse, source)
 
 
-def _verdict(
-    settings: DiagnoseSettings,
-    task: Task,
-    groups: list[Group],
-    curve: dict[str, Any],
-    fields: dict[str, Any] | None,
-    sigmas: Sigmas,
-) -> Verdict:
-    """The cross-fitted lift (added to `curve`) and the verdict."""
-    crossfit = cross_fit(
-        task,
-        groups,
-        settings.lambdas,
-        sigmas,
-        partial(pairs_share, fields, ALL),
-        settings.bootstrap_draws,
-    )
-    curve["crossfit"] = asdict(crossfit) if crossfit else None
-    return make_verdict(
-        curve,
-        fields,
-        task.metric_name,
-        settings.lam,
-        settings.min_lift,
-        settings.blind_below,
-        crossfit=curve["crossfit"],
-    )
-
-
 def _perturbations(
-    settings: DiagnoseSettings,
-    task: Task,
-    scorer: ReferenceScorer,
-    tokenizer: Any,
-    sigmas: Sigmas,
-) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
+    settings: DiagnoseSettings, task: Task, reward: Reward, tokenizer: Any
+) -> tuple[dict[str, Any], list[Pair], list[dict[str, Any]], list[str]]:
     """The labelled rows' gold outputs against their perturbations: the record's `fields` part
-    (which rows, how, the concordance table), the table alone (None: no pairs) and the rows."""
+    (which rows, how; its table comes from `judge`), the scored pairs, the rows file's records
+    and the labelled rows' gold outputs."""
     rows, which = labelled_rows(task, settings.num_labelled)
     accepts = GrammarChecker(task.grammar(), tokenizer).accepts
     perturber = Perturber(task, accepts, [ex.target for ex in rows], settings.seed)
-    pairs, pair_records = field_pairs(task, scorer, tokenizer, rows, perturber)
-    table = concordance(pairs, settings.lambdas, sigmas) if pairs else None
+    pairs, pair_records = field_pairs(task, reward, tokenizer, rows, perturber)
     unperturbed = sum(r["part"] == "unperturbed" for r in pair_records)
     if unperturbed:  # said, not dropped silently
         which += (
@@ -249,9 +210,8 @@ def _perturbations(
         "demonstration's value)"
         if per_field
         else "other outputs (other choices, else other gold outputs)",
-        "table": table or {},
     }
-    return record, table, pair_records
+    return record, pairs, pair_records, [ex.target for ex in rows]
 
 
 def _candidate_records(groups: list[Group]) -> list[dict[str, Any]]:

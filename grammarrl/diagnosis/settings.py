@@ -28,6 +28,7 @@ class DiagnoseSettings:
         int  # seed: the sampling and perturbation streams (the lift's halves and resamples: fixed)
     )
     lam: float  # lambda: the run's configured λ
+    reward: str  # reward._target_: the reward whose terms are compared
     model: str  # model.name, as the record names it
     max_new_tokens: int  # task.max_new_tokens
     config: dict[str, Any] = field(repr=False)  # the run's whole config, as the record holds it
@@ -49,6 +50,7 @@ class DiagnoseSettings:
             temperature=float(cfg.rollout.temperature),
             seed=int(cfg.seed),
             lam=float(cfg["lambda"]),
+            reward=cfg.reward._target_,
             model=cfg.model.name,
             max_new_tokens=cfg.task.max_new_tokens,
             config=config_dict(cfg),

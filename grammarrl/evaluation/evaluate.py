@@ -171,6 +171,7 @@ def decode_examples(
 
 
 def output_rewards(
+    reward: str,
     model: torch.nn.Module,
     tokenizer: Any,
     task: Task,
@@ -178,17 +179,18 @@ def output_rewards(
     outputs: dict[str, Generation],
     progress: bool = True,
 ) -> dict[str, tuple[float, float] | None]:
-    """uid -> (R_direct, R_reverse) of its output under the frozen reference (`model` with its
-    adapter disabled): the training reward of what a system emits, before λ and the σ's
-    (`eval.score_rewards`). None for an empty output."""
+    """uid -> (direct, reverse) terms of its output under the reward `reward` (a
+    `reward._target_`) scored by the frozen reference (`model` with its adapter disabled): the
+    training reward of what a system emits, before λ and the σ's (`eval.score_rewards`). None
+    for an empty output."""
     from tqdm.auto import tqdm
 
-    from grammarrl.rl.rewards import ReferenceScorer
+    from grammarrl.rl.reward import make_reward
 
-    scorer = ReferenceScorer(model, tokenizer, task)
+    scoring = make_reward(reward, model, tokenizer, task)
     unique = list({ex.uid: ex for ex in examples}.values())
     return {
-        ex.uid: scorer.score_output(
+        ex.uid: scoring.score_output(
             ex,
             encode_prompt(tokenizer, task.forward_messages(ex)),
             outputs[ex.uid].token_ids,
@@ -315,7 +317,6 @@ def evaluate(
     `model`, None for the frozen base model."""
     beam_width = int(beam_width if beam_width is not None else settings.beam_width)
     test_sets, all_examples = test_examples(settings.test_sets, task)
-
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), settings.max_new_tokens)
     started = time.perf_counter()
     outputs = decode_examples(
@@ -333,7 +334,9 @@ def evaluate(
     rewards, scoring = None, Pass()
     if settings.score_rewards:
         with counted(model) as scoring:
-            rewards = output_rewards(model, tokenizer, task, all_examples, outputs, progress)
+            rewards = output_rewards(
+                settings.reward, model, tokenizer, task, all_examples, outputs, progress
+            )
     scores, per_set, rows = score_test_sets(task, test_sets, outputs, rewards)
     unique = list(outputs.values())
     results = build_results(

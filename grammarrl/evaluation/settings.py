@@ -45,6 +45,7 @@ class EvalSettings:
     beam_width: int  # eval.beam_width
     length_penalty: float  # eval.length_penalty
     score_rewards: bool  # eval.score_rewards: the reference's rewards of every output
+    reward: str  # reward._target_: the reward they are scored with
     sampler_seeds: tuple[int, ...]  # eval.sampler_seeds: mode=search's draws
     config: dict[str, Any] = field(repr=False)  # the run's whole config, as results record it
 
@@ -60,6 +61,7 @@ class EvalSettings:
             beam_width=cfg.eval.beam_width,
             length_penalty=cfg.eval.length_penalty,
             score_rewards=bool(cfg.eval.score_rewards),
+            reward=cfg.reward._target_,
             sampler_seeds=tuple(int(seed) for seed in cfg.eval.sampler_seeds),
             config=config_dict(cfg),
         )

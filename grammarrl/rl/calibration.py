@@ -2,8 +2,9 @@
 
 Resolution order for a run: `reward.sigma_*` set explicitly > a calibration file entry for
 (task, model, N, B) measured under the run's conditions (`calibration_conditions`: data, dev
-inputs, weights and dtype, prompts, candidates, sampling stream) > the paper's table
-(`task.sigmas[model][nN_bB]`) > calibrate now.
+inputs, weights and dtype, prompts, candidates, sampling stream, a reward other than the paper's)
+> the paper's table (`task.sigmas[model][nN_bB]`, the paper's reward only) > calibrate now. The
+σ's are measured on the terms of the run's reward (`reward._target_`).
 
 The calibration file maps each key `task/model/nN_bB` to a list of entries, one per set of
 conditions, so runs that alternate settings reuse their own σ's instead of recalibrating.
@@ -24,6 +25,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from grammarrl.config.checks import rollout_key
+from grammarrl.config.schema_training import DEFAULT_REWARD
 from grammarrl.errors import ConfigError, GrammarRLError
 from grammarrl.models.loading import resolve_device, resolve_dtype
 from grammarrl.rl.settings import RolloutSettings
@@ -50,6 +52,7 @@ class CalibrationSettings:
     dev_size: int  # task.dev_size: dev inputs measured
     batch_size: int  # optim.batch_size: inputs rolled out together
     seed: int  # reward.calibration_seed: the sampling stream
+    reward: str  # reward._target_: the reward whose terms are measured
     rollout: RolloutSettings
     max_new_tokens: int
 
@@ -60,6 +63,8 @@ class CalibrationSettings:
         paper = cfg.task.sigmas.get(cfg.model.name, {}).get(
             rollout_key(rollout.num_samples, rollout.beam_width)
         )
+        if cfg.reward._target_ != DEFAULT_REWARD:
+            paper = None  # the paper's σ's scale the paper's reward only
         return cls(
             key=calibration_key(
                 cfg.task.name, cfg.model.name, rollout.num_samples, rollout.beam_width
@@ -71,6 +76,7 @@ class CalibrationSettings:
             dev_size=cfg.task.dev_size,
             batch_size=cfg.optim.batch_size,
             seed=cfg.reward.calibration_seed,
+            reward=cfg.reward._target_,
             rollout=rollout,
             max_new_tokens=cfg.task.max_new_tokens,
         )
@@ -86,7 +92,8 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
     and dtype, how prompts and candidates are built, and the sampling stream (its seed,
     `reward.calibration_seed`, and the batches it is drawn in). An entry measured under other
     conditions is not reused. The run's `seed` (test sets) and `train.seed` are not among them:
-    runs that differ only in those share their σ's, hence their reward."""
+    runs that differ only in those share their σ's, hence their reward. A reward other than the
+    paper's is a condition too (entries stored before rewards were selectable lack it)."""
     from grammarrl.tasks.custom import is_custom
 
     model = {k: v for k, v in config_dict(cfg.model).items() if k not in ("name", "dtype")}
@@ -112,6 +119,8 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
         "seed": cfg.reward.calibration_seed,  # named before reward.calibration_seed existed
         "batch_size": cfg.optim.batch_size,
     }
+    if cfg.reward._target_ != DEFAULT_REWARD:
+        conditions["reward"] = cfg.reward._target_
     return portable(conditions, Roots.of(config_dict(cfg)))  # paths as run records name them
 
 
@@ -255,20 +264,21 @@ def dev_rollouts(
     desc: str,
 ) -> list[RolloutBatch]:
     """The rollout groups calibration measures: `model`'s N samples + beam top-1 per dev input
-    (`settings.rollout`), scored by `model` as the reference, in batches of `settings.batch_size`
+    (`settings.rollout`), scored with the run's reward by `model` as the reference, in batches of
+    `settings.batch_size`
     from a generator seeded with `settings.seed`, without gradient; one `RolloutBatch` per batch."""
     from grammarrl.decoding import ConstrainedDecoder
-    from grammarrl.rl.rewards import ReferenceScorer
+    from grammarrl.rl.reward import make_reward
     from grammarrl.rl.rollout import collect_rollouts
 
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), settings.max_new_tokens)
-    scorer = ReferenceScorer(model, tokenizer, task)
+    reward = make_reward(settings.reward, model, tokenizer, task)
     generator = torch.Generator().manual_seed(settings.seed)
     size, rollout = settings.batch_size, settings.rollout
     with torch.no_grad():
         return [
             collect_rollouts(
-                decoder, scorer, tokenizer, task, dev[i : i + size], rollout, generator
+                decoder, reward, tokenizer, task, dev[i : i + size], rollout, generator
             )
             for i in tqdm(range(0, len(dev), size), desc=desc)
         ]

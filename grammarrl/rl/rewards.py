@@ -1,12 +1,14 @@
-"""The bidirectional reward, scored by the frozen reference model without the grammar mask.
+"""The frozen reference model's two passes over a candidate, without the grammar mask: what every
+reward (`grammarrl.rl.reward`) is computed from.
 
-R_direct(x, y)  = mean over the tokens of y (end-of-turn included) of log pi_ref(y_t | x, y_<t)
-R_reverse(x, y) = mean over the tokens of x of log pi_ref(x_k | tau(y), x_<k)
-One reference pass over (x, y) also gives log pi_ref(y | x) (the sum) for the KL term.
+The direct pass:  R_direct(x, y)  = mean over the tokens of y (end-of-turn included) of
+                  log pi_ref(y_t | x, y_<t); it also gives log pi_ref(y | x) (the sum), the KL term.
+The reverse pass: R_reverse(x, y) = mean over the tokens of x of log pi_ref(x_k | tau(y), x_<k).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +26,19 @@ from grammarrl.models.loading import reference_mode
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
+DIRECT, REVERSE = "direct", "reverse"  # the reference passes
+PASSES = (DIRECT, REVERSE)
+
 
 @dataclass
 class CandidateScores:
-    """Reference scores of the candidates of one input (one entry per candidate)."""
+    """Scores of the candidates of one input (one entry per candidate): what the reference passes
+    measured (None for a pass not run), or, after `Reward.terms`, a reward's two terms."""
 
-    direct: torch.Tensor  # R_direct, mean log-prob per token of y
-    reverse: torch.Tensor  # R_reverse, mean log-prob per token of x
-    ref_logp: torch.Tensor  # log pi_ref(y | x), summed over the tokens of y
+    direct: torch.Tensor | None  # R_direct, mean log-prob per token of y (or the direct term)
+    reverse: torch.Tensor | None  # R_reverse, mean log-prob per token of x (or the reverse term)
+    ref_logp: torch.Tensor | None  # log pi_ref(y | x), summed over the tokens of y
+    lengths: torch.Tensor  # tokens of y, end-of-turn included (what R_direct averages over)
 
 
 class ReferenceScorer:
@@ -140,23 +147,17 @@ class ReferenceScorer:
         prompt: list[int],
         candidates: list[list[int]],
         candidate_texts: list[str],
+        passes: Collection[str] = PASSES,
     ) -> CandidateScores:
-        """Score the candidates (token ids, end-of-turn included) of one input x."""
-        forward = self.forward_logprobs(prompt, candidates)
-        reverse, _ = self.reverse_logprobs(example, candidate_texts)
-        return CandidateScores(
-            direct=torch.stack([lp.mean() for lp in forward]),
-            reverse=torch.stack([lp.mean() for lp in reverse]),
-            ref_logp=torch.stack([lp.sum() for lp in forward]),
-        )
-
-    def score_output(
-        self, example: Example, prompt: list[int], token_ids: list[int], text: str
-    ) -> tuple[float, float] | None:
-        """(R_direct, R_reverse) of one output of `example` (e.g. what greedy decoding emitted,
-        end-of-turn included) after its forward `prompt`; None for an empty output (nothing to
-        score)."""
-        if not token_ids:
-            return None
-        scores = self.score(example, prompt, [list(token_ids)], [text])
-        return float(scores.direct[0]), float(scores.reverse[0])
+        """Score the candidates (token ids, end-of-turn included) of one input x with the
+        reference `passes` (direct, reverse)."""
+        direct = reverse = ref_logp = None
+        if DIRECT in passes:
+            forward = self.forward_logprobs(prompt, candidates)
+            direct = torch.stack([lp.mean() for lp in forward])
+            ref_logp = torch.stack([lp.sum() for lp in forward])
+        if REVERSE in passes:
+            logps, _ = self.reverse_logprobs(example, candidate_texts)
+            reverse = torch.stack([lp.mean() for lp in logps])
+        lengths = torch.tensor([len(c) for c in candidates])
+        return CandidateScores(direct, reverse, ref_logp, lengths)

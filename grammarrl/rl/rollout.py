@@ -1,4 +1,4 @@
-"""One rollout batch: constrained candidates per input, scored by the frozen reference."""
+"""One rollout batch: constrained candidates per input, scored with the reward by the frozen reference."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.models.chat import encode_prompt
-from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.rl.reward import Reward
+from grammarrl.rl.rewards import DIRECT
 from grammarrl.rl.settings import RolloutSettings
 from grammarrl.runs.timing import clock
 from grammarrl.tasks.base import Task
@@ -18,13 +19,14 @@ from grammarrl.types import Example
 
 @dataclass
 class RolloutBatch:
-    """Per input: the prompt, the N sampled + 1 beam candidates and their reference scores."""
+    """Per input: the prompt, the N sampled + 1 beam candidates, their reward's two terms and
+    log pi_ref(y | x)."""
 
     examples: list[Example]
     prompts: list[list[int]]
     groups: list[list[Generation]]
-    direct: torch.Tensor  # [inputs, N+1]; 0 where not `valid`
-    reverse: torch.Tensor  # [inputs, N+1]; 0 where not `valid`
+    direct: torch.Tensor  # [inputs, N+1], the reward's direct term; 0 where not `valid`
+    reverse: torch.Tensor  # [inputs, N+1], its reverse term; 0 where not `valid`
     ref_logp: torch.Tensor  # [inputs, N+1]; 0 where not `valid`
     valid: torch.Tensor  # [inputs, N+1] bool: False for an empty candidate, dropped from its group
     seconds: dict[str, float]  # wall time per phase: "rollout", "scoring"
@@ -32,14 +34,15 @@ class RolloutBatch:
 
 def collect_rollouts(
     decoder: ConstrainedDecoder,
-    scorer: ReferenceScorer,
+    reward: Reward,
     tokenizer: Any,
     task: Task,
     examples: list[Example],
     rollout: RolloutSettings,
     generator: torch.Generator | None = None,
 ) -> RolloutBatch:
-    """Generate the group of N samples + beam top-1 for each input and score it with pi_ref.
+    """Generate the group of N samples + beam top-1 for each input and score it with the reward
+    (and log pi_ref(y | x), from the direct pass).
 
     An empty candidate (a dead end at the first token, or no beam survived) has no tokens to
     score: it is marked invalid and takes no part in rewards, advantages or the loss."""
@@ -55,7 +58,7 @@ def collect_rollouts(
     )
     rolled_out = clock()
     scores = [
-        scorer.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group])
+        reward.score(ex, prompt, [g.token_ids for g in group], [g.text for g in group], (DIRECT,))
         for ex, prompt, group in zip(examples, prompts, groups)
     ]
     valid = torch.tensor([[len(g.token_ids) > 0 for g in group] for group in groups])

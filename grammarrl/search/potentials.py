@@ -4,8 +4,9 @@ Every potential returns log Phi <= 0 (or any real for the reverse likelihood):
 
 - `reverse`: the noisy-channel likelihood log pi_ref(x | tau(y)) = SUM over the tokens of x of
   log pi_ref(x_k | tau(y), x_<k), teacher-forced on the reverse prompt with no grammar mask, under
-  the frozen reference (adapter disabled), on complete outputs only. The reverse prompt's static
-  part is the `ReferenceScorer`'s, computed once. Unit exponent, no scale.
+  the frozen reference (adapter disabled), on complete outputs only: the reverse pass of the
+  run's reward (`grammarrl.rl.reward.Reward`), whose static prompt part is computed once. Unit
+  exponent, no scale.
 - `task`: the task-specific soft penalties of the paper's Table "task-specific potentials",
   judged on completed units of prefixes and on the complete output: each task's
   `search_penalty` (grammarrl/tasks/conll.py, grammarrl/tasks/gloss.py). WoS has none (its
@@ -18,9 +19,8 @@ A potential is bound to the examples of one decoding call (`bind`) to serve as t
 
 from __future__ import annotations
 
-from typing import Any
-
 from grammarrl.errors import ConfigError
+from grammarrl.rl.reward import Reward
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
@@ -77,13 +77,13 @@ class BoundPotential:
 
 
 class ReversePotential(Potential):
-    """log pi_ref(x | tau(y)), summed over the tokens of x: the reverse reward before its mean
-    (`ReferenceScorer.reverse_logprobs`)."""
+    """log pi_ref(x | tau(y)), summed over the tokens of x: the reward's reverse pass before its
+    mean (`ReferenceScorer.reverse_logprobs`)."""
 
     name = "reverse"
 
-    def __init__(self, scorer: Any, batch_size: int = 16):
-        self.scorer = scorer  # grammarrl.rl.rewards.ReferenceScorer
+    def __init__(self, reward: Reward, batch_size: int = 16):
+        self.scorer = reward.scorer
         self.batch_size = int(batch_size)
         self.forward_tokens = 0
         self.forward_calls = 0
@@ -127,7 +127,8 @@ def default_potential(method: str) -> str:
     return "task" if method == "smc" else "reverse"
 
 
-def make_potential(name: str, task: Task, model: Any = None, tokenizer: Any = None) -> Potential:
+def make_potential(name: str, task: Task, reward: Reward | None = None) -> Potential:
+    """The potential `name`; `reverse` runs the reverse pass of `reward`."""
     if name == "none":
         return Potential()
     if name == "task":
@@ -138,7 +139,7 @@ def make_potential(name: str, task: Task, model: Any = None, tokenizer: Any = No
             )
         return TaskPotential(task)
     if name == "reverse":
-        from grammarrl.rl.rewards import ReferenceScorer
-
-        return ReversePotential(ReferenceScorer(model, tokenizer, task))
+        if reward is None:
+            raise ValueError("search.potential=reverse: no reward whose reverse pass to run")
+        return ReversePotential(reward)
     raise ConfigError(f"search.potential={name!r}: expected one of {', '.join(POTENTIALS)}")

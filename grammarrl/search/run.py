@@ -45,6 +45,7 @@ from grammarrl.evaluation.evaluate import (
 )
 from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.evaluation.test_sets import sets_summary, test_examples
+from grammarrl.rl.reward import make_reward
 from grammarrl.runs.results import adapter_name, build_results, dtype_name
 from grammarrl.search.potentials import BoundPotential, Potential, make_potential
 from grammarrl.search.selections import (
@@ -176,7 +177,9 @@ def search(
     and their mean per set) and the predictions (one row per draw, set and example); returns
     the results record (with `path`). `adapter` is recorded as the proposal's adapter (None:
     the frozen base model)."""
-    potential = make_potential(settings.potential, task, model, tokenizer)
+    potential = make_potential(
+        settings.potential, task, make_reward(evaluation.reward, model, tokenizer, task)
+    )
     test_sets = test_examples(evaluation.test_sets, task)[0]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), evaluation.max_new_tokens)
     greedy = None
@@ -189,7 +192,7 @@ def search(
         log.info("search: draw %d with sampler seed %d", draw, sampler_seed)
         draws.append(
             _draw(
-                evaluation.score_rewards,
+                evaluation.reward if evaluation.score_rewards else None,
                 settings,
                 model,
                 tokenizer,
@@ -271,7 +274,7 @@ def _results(
 
 
 def _draw(
-    score_rewards: bool,
+    reward: str | None,
     settings: SearchSettings,
     model: torch.nn.Module,
     tokenizer: Any,
@@ -283,7 +286,7 @@ def _draw(
     progress: bool,
 ) -> _Draw:
     """Particles of every distinct example drawn with `sampler_seed`, selected and scored
-    (with the reference's rewards of the selected outputs when `score_rewards`)."""
+    (with the rewards of the selected outputs under `reward`, a `reward._target_`, unless None)."""
     all_examples = [ex for test_set in test_sets for ex in test_set]
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
@@ -294,9 +297,11 @@ def _draw(
     picks = Selections(task, populations, settings.method, settings.posterior_draws, sampler_seed)
     selected = picks.selected()
     rewards, scoring = None, Pass()
-    if score_rewards:
+    if reward is not None:
         with counted(model) as scoring:
-            rewards = output_rewards(model, tokenizer, task, all_examples, selected, progress)
+            rewards = output_rewards(
+                reward, model, tokenizer, task, all_examples, selected, progress
+            )
     _, per_set, rows = score_test_sets(
         task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
     )

@@ -32,8 +32,9 @@ from grammarrl.decoding.smc import ParticleSet, smc
 from grammarrl.decoding.types import Generation
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.loading import reference_mode
-from grammarrl.rl.rewards import ReferenceScorer
-from grammarrl.rl.rloo import combine_rewards, grammarrl_loss
+from grammarrl.rl.reward import Reward
+from grammarrl.rl.rewards import CandidateScores
+from grammarrl.rl.rloo import grammarrl_loss
 from grammarrl.runs.timing import clock
 from grammarrl.search.methods import NEG_INF, ess, normalized_weights
 from grammarrl.search.potentials import Potential
@@ -93,8 +94,8 @@ class AmortisedStep:
     targets: list[list[int]]
     policy_logp: torch.Tensor  # log pi_theta(y|x) of the targets, with gradient
     ref_logp: torch.Tensor  # log pi_ref(y|x) of the targets
-    direct: torch.Tensor  # R_direct of the targets
-    reverse: torch.Tensor | None  # R_reverse of the targets (search.potential=reverse only)
+    direct: torch.Tensor  # the reward's direct term of the targets
+    reverse: torch.Tensor | None  # its reverse term (search.potential=reverse only)
     loss: torch.Tensor
     parts: dict[str, torch.Tensor]
     seconds: dict[str, float]
@@ -111,27 +112,31 @@ class AmortisedStep:
 
 @dataclass
 class Targets:
-    """The resampled targets of a batch's particles, with their reference scores (the tensors:
-    one row per prompt with targets)."""
+    """The resampled targets of a batch's particles, with the reward's terms of them and
+    log pi_ref(y | x) (`scores`: one per prompt with targets; the reverse pass is the potential's
+    per token of x, search.potential=reverse)."""
 
     log_weights: list[list[float]]
     indices: list[list[int]]  # per prompt, into its particles
-    ref_logp: list[torch.Tensor]
-    direct: list[torch.Tensor]
-    reverse: list[torch.Tensor]  # the reverse potential per token of x (search.potential=reverse)
+    scores: list[CandidateScores]
+
+    def stacked(self, name: str) -> torch.Tensor:
+        """One field of the scores, a row per prompt with targets."""
+        return torch.stack([getattr(scores, name) for scores in self.scores])
 
 
 def draw_targets(
     batch: list[Example],
     prompts: list[list[int]],
     populations: list[ParticleSet],
-    scorer: ReferenceScorer,
+    reward: Reward,
     count: int,
     generator: torch.Generator,
 ) -> Targets:
     """Per prompt: its candidates' target log weights (`target_log_weights`, under the reference's
-    log p_ref), `count` targets resampled from them, and the targets' reference scores."""
-    targets = Targets([], [], [], [], [])
+    log p_ref), `count` targets resampled from them, and the targets' scores under `reward`."""
+    targets = Targets([], [], [])
+    scorer = reward.scorer
     for ex, prompt, pop in zip(batch, prompts, populations):
         idx = candidate_indices(pop)
         gens = [pop.generations[i] for i in idx]
@@ -142,10 +147,15 @@ def draw_targets(
         targets.log_weights.append(logw)
         targets.indices.append([idx[j] for j in picks])
         if picks:
-            targets.ref_logp.append(torch.stack([ref[j].sum() for j in picks]))
-            targets.direct.append(torch.stack([ref[j].mean() for j in picks]))
             x_tokens = len(scorer.input_ids(ex))
-            targets.reverse.append(torch.tensor([pop.potentials[idx[j]] / x_tokens for j in picks]))
+            measured = CandidateScores(
+                direct=torch.stack([ref[j].mean() for j in picks]),
+                reverse=torch.tensor([pop.potentials[idx[j]] / x_tokens for j in picks]),
+                ref_logp=torch.stack([ref[j].sum() for j in picks]),
+                lengths=torch.tensor([gens[j].num_tokens for j in picks]),
+            )
+            texts = [gens[j].text for j in picks]
+            targets.scores.append(reward.terms(ex, texts, measured))
     return targets
 
 
@@ -181,7 +191,7 @@ def amortised_step_loss(
             generator=generator,
         )
     rolled_out = clock()
-    drawn = draw_targets(batch, prompts, populations, models.scorer, count, generator)
+    drawn = draw_targets(batch, prompts, populations, models.reward, count, generator)
     seconds = {"rollout": rolled_out - started, "scoring": clock() - rolled_out}
     kept = [(p, pop, t) for p, pop, t in zip(prompts, populations, drawn.indices) if t]
     policy_train_mode(policy, dropout=settings.policy_dropout)
@@ -193,7 +203,7 @@ def amortised_step_loss(
         else torch.zeros(0, count)
     )
     seconds["policy"] = clock() - started
-    ref_logp = torch.stack(drawn.ref_logp).to(logp.device) if kept else logp.detach()
+    ref_logp = drawn.stacked("ref_logp").to(logp.device) if kept else logp.detach()
     beta = settings.beta if settings.kl_penalty == "loss" else 0.0
     loss, parts = grammarrl_loss(logp, ref_logp, torch.ones_like(logp), beta)
     return AmortisedStep(
@@ -203,8 +213,8 @@ def amortised_step_loss(
         targets=drawn.indices,
         policy_logp=logp,
         ref_logp=ref_logp,
-        direct=torch.stack(drawn.direct) if kept else torch.zeros(0, count),
-        reverse=torch.stack(drawn.reverse) if kept and potential.name == "reverse" else None,
+        direct=drawn.stacked("direct") if kept else torch.zeros(0, count),
+        reverse=drawn.stacked("reverse") if kept and potential.name == "reverse" else None,
         loss=loss,
         parts=parts,
         seconds=seconds,
@@ -244,9 +254,7 @@ def amortised_metrics(step: AmortisedStep, settings: StepSettings) -> dict[str, 
         }
     )
     if step.reverse is not None:
-        rewards = combine_rewards(
-            step.direct, step.reverse, settings.lam, settings.sigma_direct, settings.sigma_reverse
-        )
+        rewards = settings.mixing.combine(step.direct, step.reverse)
         metrics.update(
             {"train/reward": rewards.mean(), "train/reward_reverse": step.reverse.mean()}
         )

@@ -16,8 +16,8 @@ from grammarrl.errors import GrammarRLError, ModelError
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.compute import ForwardCounter
 from grammarrl.models.loading import enable_activation_checkpointing
+from grammarrl.rl.reward import make_reward
 from grammarrl.rl.rewards import ReferenceScorer
-from grammarrl.rl.rloo import combine_rewards
 from grammarrl.runs.rng import gather_objects, rng_states, set_rng_states
 from grammarrl.search.potentials import make_potential
 from grammarrl.tasks.base import Task
@@ -56,7 +56,7 @@ class GrammarRLModule(L.LightningModule):
         self.decoder = ConstrainedDecoder(
             policy, tokenizer, task.grammar(), settings.max_new_tokens, share_prefix=share
         )
-        self.scorer = ReferenceScorer(policy, tokenizer, task, share_prefix=share)
+        self.reward = make_reward(settings.reward, policy, tokenizer, task, share_prefix=share)
         self.strict_loading = False  # checkpoints hold only the adapter (trainable) weights
         self.samples: list[dict[str, Any]] = []
         # every validation's per-example record (step, slice, uid, prediction, the task's item):
@@ -70,7 +70,8 @@ class GrammarRLModule(L.LightningModule):
         self.forward_passes = 0
         self.forward_tokens = 0
         if settings.amortised is not None:  # the Full IS potential, under pi_ref
-            self.potential = make_potential(settings.amortised.potential, task, policy, tokenizer)
+            reference = make_reward(settings.reward, policy, tokenizer, task)
+            self.potential = make_potential(settings.amortised.potential, task, reference)
 
     def setup(self, stage: str) -> None:
         # A distinct, reproducible sampling stream per rank (DDP: each rank rolls out its inputs).
@@ -85,9 +86,14 @@ class GrammarRLModule(L.LightningModule):
         )
 
     @property
+    def scorer(self) -> ReferenceScorer:
+        """The frozen reference's passes the reward is computed from."""
+        return self.reward.scorer
+
+    @property
     def models(self) -> StepModels:
         """The models a step runs (read at each step: a test may swap the decoder)."""
-        return StepModels(self.policy, self.decoder, self.scorer, self.tokenizer, self.task)
+        return StepModels(self.policy, self.decoder, self.reward, self.tokenizer, self.task)
 
     def step_loss(self, batch: list[Example]) -> StepOutputs:
         """The RLOO step up to its loss (`rloo_step_loss`) with this module's models."""
@@ -182,7 +188,7 @@ class GrammarRLModule(L.LightningModule):
         with torch.no_grad():
             gens = self.decoder.greedy(prompts)
         rewards = [
-            self.scorer.score_output(ex, prompt, g.token_ids, g.text)
+            self.reward.score_output(ex, prompt, g.token_ids, g.text)
             for ex, prompt, g in zip(batch, prompts, gens)
         ]
         self._val_preds.setdefault(dataloader_idx, []).extend(zip(gens, batch, rewards))
@@ -211,10 +217,7 @@ class GrammarRLModule(L.LightningModule):
             scored = [r for r in rewards if r is not None]
             if scored:
                 direct, reverse = torch.tensor(scored, dtype=torch.float64).T
-                mix = self.settings
-                combined = combine_rewards(
-                    direct, reverse, mix.lam, mix.sigma_direct, mix.sigma_reverse
-                )
+                combined = self.settings.mixing.combine(direct, reverse)
                 metrics.update(
                     reward=combined.mean().item(),
                     reward_direct=direct.mean().item(),

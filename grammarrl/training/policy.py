@@ -12,7 +12,7 @@ import torch
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.scoring import sequence_logprobs
-from grammarrl.rl.rewards import ReferenceScorer
+from grammarrl.rl.reward import Reward
 from grammarrl.runs.paths import Roots, portable
 from grammarrl.tasks.base import Task
 
@@ -20,12 +20,12 @@ from grammarrl.tasks.base import Task
 @dataclass(frozen=True)
 class StepModels:
     """What a training step runs: the policy (base model + LoRA), its grammar-constrained
-    decoder, the frozen reference's scorer (the policy with its adapter disabled), the
-    tokenizer and the task (prompts, grammar)."""
+    decoder, the reward (scored by the frozen reference: the policy with its adapter disabled),
+    the tokenizer and the task (prompts, grammar)."""
 
     policy: torch.nn.Module
     decoder: ConstrainedDecoder
-    scorer: ReferenceScorer
+    reward: Reward
     tokenizer: Any
     task: Task
 

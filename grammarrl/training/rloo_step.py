@@ -1,5 +1,5 @@
-"""One RLOO step up to its loss (`train.objective=rloo`, the paper): rollout groups scored by
-the frozen reference, the bidirectional reward, RLOO advantages, the GrammarRL loss."""
+"""One RLOO step up to its loss (`train.objective=rloo`, the paper): rollout groups scored with
+the reward (`reward._target_`) by the frozen reference, RLOO advantages, the GrammarRL loss."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grammarrl.rl.rloo import combine_rewards, grammarrl_loss, kl_shaped_rewards, rloo_advantages
+from grammarrl.rl.rloo import grammarrl_loss, kl_shaped_rewards, rloo_advantages
 from grammarrl.rl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.runs.timing import clock
 from grammarrl.training.policy import (
@@ -46,16 +46,14 @@ def rloo_step_loss(
     with torch.no_grad():
         out = collect_rollouts(
             models.decoder,
-            models.scorer,
+            models.reward,
             models.tokenizer,
             models.task,
             batch,
             settings.rollout,
             generator,
         )
-    rewards = combine_rewards(
-        out.direct, out.reverse, settings.lam, settings.sigma_direct, settings.sigma_reverse
-    )
+    rewards = settings.mixing.combine(out.direct, out.reverse)
     policy_train_mode(policy, dropout=settings.policy_dropout)
     started = clock()
     logp = policy_logp(policy, out.prompts, out.groups, settings.share_prefix)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from grammarrl.rl.reward import Mixing
 from grammarrl.rl.settings import RolloutSettings
 from grammarrl.search.potentials import default_potential
 
@@ -24,13 +25,12 @@ class AmortisedSettings:
 
 @dataclass(frozen=True)
 class StepSettings:
-    """One training step's settings: the rollout groups, the reward's mixing and σ's, where the
-    KL term acts, the optimiser, and how the policy runs."""
+    """One training step's settings: the rollout groups, the reward and its mixing (λ, σ's),
+    where the KL term acts, the optimiser, and how the policy runs."""
 
     rollout: RolloutSettings
-    lam: float  # λ: (1-λ)·R_direct/σ_direct + λ·R_reverse/σ_reverse
-    sigma_direct: float
-    sigma_reverse: float
+    reward: str  # reward._target_: the reward class (`grammarrl.rl.reward`)
+    mixing: Mixing  # λ and the σ's: (1-λ)·direct/σ_direct + λ·reverse/σ_reverse
     beta: float  # β of the KL term
     kl_penalty: str  # where β's term acts: loss, reward or grammar (`grammarrl.rl.rloo`)
     seed: int  # train.seed: the sampling stream (per rank: seed + rank)
@@ -57,9 +57,8 @@ class StepSettings:
             )
         return cls(
             rollout=RolloutSettings.from_config(cfg.rollout),
-            lam=cfg["lambda"],
-            sigma_direct=sigma_direct,
-            sigma_reverse=sigma_reverse,
+            reward=cfg.reward._target_,
+            mixing=Mixing(cfg["lambda"], sigma_direct, sigma_reverse),
             beta=cfg.beta,
             kl_penalty=cfg.kl_penalty,
             seed=cfg.train.seed,
