@@ -76,11 +76,11 @@ def calibration_entry(run: Run) -> dict[str, Any] | None:
         found = [e for e in stored if e.get("measured_in", str(run.path)) == str(run.path)]
     if not found:
         return None
-    return {
+    return {  # the run's names win over the stored entry's conditions (its `model` is a dict)
+        **found[-1],
         "task": run.get("task.name"),
         "model": run.get("model.name"),
         "n": run.get("rollout.num_samples"),
         "b": run.get("rollout.beam_width"),
         "source": str(source),
-        **found[-1],
     }

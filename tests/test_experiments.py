@@ -249,7 +249,9 @@ def test_calibration_table_from_run_files(tmp_path: Path, capsys):
     sigmas = {(3, 3): (0.8, 0.27), (6, 3): (0.81, 0.31), (3, 5): (0.82, 0.3)}
     for (n, b), (d, r) in sigmas.items():
         run = make_run(root, f"n{n}_b{b}", mode="calibrate", n=n, b=b, model="1b")
-        (run / "calibration.json").write_text(json.dumps({"sigma_direct": d, "sigma_reverse": r}))
+        # entries record their conditions, the model's settings among them (a dict)
+        entry = {"sigma_direct": d, "sigma_reverse": r, "model": {"name": "1b", "dtype": "auto"}}
+        (run / "calibration.json").write_text(json.dumps(entry))
     shared = make_run(root, "8b", mode="calibrate", model="8b")
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "calibration.json").write_text(
