@@ -103,3 +103,18 @@ def test_the_architecture_diagram_is_drawn_from_the_imports():
     arrows = [ARROW.match(line) for line in lines]
     assert all(arrows), [line for line, arrow in zip(lines, arrows) if not arrow]
     assert {arrow.groups() for arrow in arrows} == package_edges()
+
+
+def test_every_file_where_to_change_what_names_exists():
+    """docs/architecture.md's "Where to change what": each path it names is in the repository
+    (a `<name>` placeholder stands for any file of that folder)."""
+    text = (ROOT / "docs/architecture.md").read_text()
+    section = text.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
+    paths = [
+        p for p in re.findall(r"`([\w./<>-]+/[\w./<>-]*)`", section) if "." in p or p.endswith("/")
+    ]
+    assert len(paths) >= 8
+    for path in paths:
+        folder, _, name = path.partition("<name>")
+        found = list((ROOT / folder).glob("*" + name)) if "<name>" in path else [ROOT / path]
+        assert any(p.exists() for p in found), f"docs/architecture.md names {path}: not found"
