@@ -119,3 +119,14 @@ def test_the_persons_test_file_holds_the_conll_draws_sentences_in_order(real_dat
     test.write_text("".join(kept))
     with pytest.raises(SystemExit, match="make_data.py"):
         frontier_rows(3, data)
+
+
+def test_the_committed_predictions_file_is_what_its_records_give():
+    """experiments/results/frontier-predictions.md (and .json) regenerate byte for byte from the
+    plan and the 21 committed diagnosis records: nothing in them was typed by hand."""
+    folder = REPO / "experiments" / "results"
+    data = predictions(folder / "frontier")
+    assert len(data["tasks"]) == 7 and all(len(t["seeds"]) == 3 for t in data["tasks"].values())
+    assert render(data) == (folder / "frontier-predictions.md").read_text()
+    committed = json.loads((folder / "frontier-predictions.json").read_text())
+    assert json.loads(json.dumps(data)) == committed
