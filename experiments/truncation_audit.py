@@ -5,7 +5,7 @@ For every committed `predictions.jsonl` whose rows carry particles (Sample-Reran
 Full SMC runs): how many selected outputs were truncated (not finished), how many rows had a
 truncated particle or only truncated ones, and, from the recorded particles rebuilt as
 `ParticleSet`s, the mean ESS with the recorded weights and with truncated weights set to zero,
-and how many selections of the project's own selectors (`grammarrl.search.methods.SELECTORS`)
+and how many selections of the project's own selectors (`grammarrl.search.registry.METHODS`)
 change. For Sample-Rerank and Full IS this is exact (no resampling: the particles do not depend
 on the weights); for SMC it is not (a resampling at the cap step could differ) and its
 selections are not recomputed. Where selections change, each selection's metric is rescored
@@ -19,8 +19,10 @@ prints the audit as JSON and writes experiments/results/truncation-audit.{json,m
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import os
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -30,7 +32,8 @@ from grammarrl.decoding.smc import ParticleSet
 from grammarrl.decoding.types import Generation
 from grammarrl.job import compose_job_config
 from grammarrl.runs.results import mean_std
-from grammarrl.search.methods import SELECTORS, ess, normalized_weights
+from grammarrl.search.methods import ess, normalized_weights
+from grammarrl.search.registry import METHODS
 from grammarrl.search.selections import mean_over_draws
 from grammarrl.tasks import Task, load_task
 from grammarrl.types import Example
@@ -98,7 +101,7 @@ def selection_changes(
     metric rescored from the recorded picks and from the new ones."""
     out = {}
     for method in rows[0]["selections"]:
-        pick = SELECTORS[method]
+        pick = METHODS[method].select
         before = [ps.generations[pick(ps)].text for ps in old]
         after = [ps.generations[pick(ps)].text for ps in new]
         record: dict[str, Any] = {
@@ -243,7 +246,8 @@ def markdown(report: dict[str, Any]) -> str:
             "ESS = mean over rows (recorded weights → truncated weights zero; 0 for a row whose "
             "weights vanish); vanished = rows whose "
             "weights all vanish; changed = rows whose selection (rerank, is) changes, recomputed "
-            "with `grammarrl.search.methods.SELECTORS` from the recorded particles (exact for "
+            "with the registered selectors (`grammarrl.search.registry.METHODS`) from the "
+            "recorded particles (exact for "
             "Sample-Rerank and Full IS; SMC's is not recomputable: its resampling used the old "
             "weights)."
         ),
@@ -335,7 +339,14 @@ def headline_notes(files: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def main() -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args(argv)  # no options: --help describes the audit instead of running it
+    if not os.environ.get("GRAMMARRL_DATA_DIR"):
+        raise SystemExit(
+            "error: GRAMMARRL_DATA_DIR is not set: the audit rescores the committed results on "
+            "the real data (the bundled samples would overwrite them with other numbers)"
+        )
     report = audit()
     OUT.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     OUT.with_suffix(".md").write_text(markdown(report))

@@ -18,8 +18,9 @@ from grammarrl.job import validate
 from grammarrl.models.chat import encode_prompt, end_of_turn_id
 from grammarrl.rl.reward import BidirectionalReward
 from grammarrl.rl.rewards import ReferenceScorer
-from grammarrl.search.methods import normalized_weights, posterior_draws, posterior_mode, rerank
+from grammarrl.search.methods import normalized_weights, posterior_draws, posterior_mode
 from grammarrl.search.potentials import Potential, ReversePotential, TaskPotential, make_potential
+from grammarrl.search.rerank import rerank
 from grammarrl.tasks import load_task
 from grammarrl.tasks.conll import closed_fields, field_penalty
 from grammarrl.tasks.gloss import gloss_penalty, gloss_terms_of

@@ -12,7 +12,7 @@ from grammarrl.config.keys import CONTINUABLE, NOT_DIAGNOSE, key
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 DECODINGS = ("greedy", "beam")
 TEST_SET_DRAWINGS = ("disjoint", "seed_plus_index")
-SEARCH_METHODS = ("rerank", "is", "smc")
+SEARCH_METHODS = ("rerank", "is", "smc")  # grammarrl/search/registry.py BUILTIN (a test checks)
 SEARCH_POTENTIALS = ("reverse", "task", "none")
 
 

@@ -1,5 +1,6 @@
-"""Output selection and population diagnostics for Sample-Rerank, Full IS and Full SMC (pure
-functions over a `ParticleSet`).
+"""What a search method is (`SearchMethod`; the methods themselves, one module each, are listed
+in `grammarrl.search.registry`), and the particle math they share: normalised weights, ESS,
+the posterior mode, posterior draws (pure functions over a `ParticleSet`).
 
 An output outside L(G) (cut at the token limit, or dead) has weight zero (`smc`): it adds
 nothing to the ESS or to a posterior weight. When every weight of a prompt vanished (all its
@@ -10,8 +11,6 @@ below with uniform weights, and the diagnostics count the prompt as vanished.
   complete outputs (ended with end-of-turn) are preferred over the rest, then the largest total
   weight wins (with vanished weights: the most frequent output), and remaining ties go to the
   higher LM log-probability log p(y | x).
-- Sample-Rerank: among the complete samples the one maximising the potential; ties go to the
-  higher proposal weight p(y)/q(y). Without a complete sample it falls back to the posterior mode.
 - Diagnostics: the ESS of the final weights, whether every weight vanished (all zero), and the
   posterior-weighted metric (the expected corpus metric when one output per prompt is drawn from
   the particle posterior; complete particles only when there are any, as genlm-control's decoded
@@ -23,11 +22,35 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from grammarrl.decoding.smc import ParticleSet, log_ess
 from grammarrl.decoding.types import Generation
 
 NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SearchMethod:
+    """One search method, selected by `search.method=<name>`. Every method draws its particles
+    with `grammarrl.decoding.smc.smc`; a method says
+
+    - `select`: which particle's output it keeps (an index into one prompt's `ParticleSet`);
+    - `potential`: the potential it pairs with when `search.potential` is null;
+    - `resamples`: whether it resamples when ESS < `search.ess_threshold` · N (SMC) or never (IS);
+    - `selections`: the methods whose picks a run reports on its particles, in order, its own
+      among them (rerank and is draw the same particles, so each reports both); (): its own.
+    """
+
+    name: str
+    select: Callable[[ParticleSet], int]
+    potential: str
+    resamples: bool = False
+    selections: tuple[str, ...] = ()
+
+    def reported(self) -> tuple[str, ...]:
+        """The methods whose picks a run of this method reports, its own among them."""
+        return self.selections or (self.name,)
 
 
 def normalized_weights(log_weights: Sequence[float]) -> list[float] | None:
@@ -64,23 +87,6 @@ def posterior_mode(particles: ParticleSet) -> int:
 
     best = max(groups.values(), key=score)  # first group wins exact ties (deterministic)
     return best[0]
-
-
-def rerank(particles: ParticleSet) -> int:
-    """Index of the complete sample with the highest potential (ties: higher p/q)."""
-    gens = particles.generations
-    complete = [i for i, g in enumerate(gens) if g.finished and particles.potentials[i] > NEG_INF]
-    if not complete:
-        return posterior_mode(particles)
-    proposal = particles.proposal_log_weights
-    return max(complete, key=lambda i: (particles.potentials[i], proposal[i]))
-
-
-SELECTORS: dict[str, Callable[[ParticleSet], int]] = {
-    "rerank": rerank,
-    "is": posterior_mode,
-    "smc": posterior_mode,
-}
 
 
 def posterior_draws(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from grammarrl.errors import ConfigError
 from grammarrl.rl.reward import Reward
+from grammarrl.search.registry import search_method
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
@@ -123,8 +124,9 @@ class TaskPotential(Potential):
 
 
 def default_potential(method: str) -> str:
-    """The paper's pairing: reverse for Sample-Rerank and Full IS, task for Full SMC."""
-    return "task" if method == "smc" else "reverse"
+    """The potential the search method pairs with (the paper's: reverse for Sample-Rerank and
+    Full IS, task for Full SMC)."""
+    return search_method(method).potential
 
 
 def make_potential(name: str, task: Task, reward: Reward | None = None) -> Potential:

@@ -140,6 +140,23 @@ def search_examples(
     return populations, potential_seconds
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every draw of one search run shares: the settings, the model, the task and its
+    test sets, the decoder and the potential."""
+
+    evaluation: EvalSettings
+    settings: SearchSettings
+    model: torch.nn.Module
+    tokenizer: Any
+    task: Task
+    decoder: ConstrainedDecoder
+    potential: Potential
+    test_sets: list[list[Example]]
+    adapter: str | Path | None  # the proposal's adapter (None: the frozen base model)
+    progress: bool
+
+
 @dataclass
 class _Draw:
     """One run of the method over every distinct test example with one sampler seed, scored."""
@@ -182,6 +199,18 @@ def search(
     )
     test_sets = test_examples(evaluation.test_sets, task)[0]
     decoder = ConstrainedDecoder(model, tokenizer, task.grammar(), evaluation.max_new_tokens)
+    job = _Job(
+        evaluation,
+        settings,
+        model,
+        tokenizer,
+        task,
+        decoder,
+        potential,
+        test_sets,
+        adapter,
+        progress,
+    )
     greedy = None
     if settings.greedy_baseline:
         greedy = _greedy_baseline(
@@ -190,51 +219,17 @@ def search(
     draws = []
     for draw, sampler_seed in enumerate(evaluation.sampler_seeds):
         log.info("search: draw %d with sampler seed %d", draw, sampler_seed)
-        draws.append(
-            _draw(
-                evaluation.reward if evaluation.score_rewards else None,
-                settings,
-                model,
-                tokenizer,
-                task,
-                decoder,
-                potential,
-                test_sets,
-                sampler_seed,
-                progress,
-            )
-        )
+        draws.append(_draw(job, sampler_seed))
         for row in draws[-1].rows:
             row.update(draw=draw, sampler_seed=sampler_seed)
-    results = _results(
-        evaluation,
-        settings,
-        adapter,
-        model,
-        task,
-        str(decoder.device),
-        test_sets,
-        draws,
-        potential,
-        greedy,
-    )
+    results = _results(job, draws, greedy)
     return save_results(Path(out), results, [row for d in draws for row in d.rows], name)
 
 
-def _results(
-    evaluation: EvalSettings,
-    settings: SearchSettings,
-    adapter: str | Path | None,
-    model: torch.nn.Module,
-    task: Task,
-    device: str,
-    test_sets: list[list[Example]],
-    draws: list[_Draw],
-    potential: Potential,
-    greedy: dict[str, Any] | None,
-) -> dict[str, Any]:
+def _results(job: _Job, draws: list[_Draw], greedy: dict[str, Any] | None) -> dict[str, Any]:
     """The results record of every draw: scores per set (mean over draws), costs, diagnostics."""
-    potential_tokens = potential.forward_tokens // len(draws)
+    evaluation, task, device = job.evaluation, job.task, str(job.decoder.device)
+    potential_tokens = job.potential.forward_tokens // len(draws)
     seconds = sum(d.seconds for d in draws) / len(draws)  # one draw's cost
     potential_seconds = sum(d.potential_seconds for d in draws) / len(draws)
     search_tokens = sum(d.search_tokens for d in draws) // len(draws)
@@ -246,13 +241,13 @@ def _results(
     return build_results(
         task=task.name,
         model=evaluation.model,
-        decoding=settings.method,
+        decoding=job.settings.method,
         metric=task.metric_name,
         scores=mean_over_draws([d.scores for d in draws]),
         config=evaluation.config,
         **output_summary(task, pooled, seconds * len(draws)),
-        **_method_fields(settings),
-        adapter=adapter_name(adapter),
+        **_method_fields(job.settings),
+        adapter=adapter_name(job.adapter),
         **_costs(seconds, potential_seconds, search_tokens, potential_tokens, greedy),
         sampler_seeds=[d.sampler_seed for d in draws],
         scores_per_draw=[d.scores for d in draws],
@@ -265,45 +260,52 @@ def _results(
         potential_seconds=potential_seconds,
         **cost_fields(len(draws[0].selected), search_tokens, rewards, device, potential_tokens),
         **sets_summary(
-            evaluation.test_sets, evaluation.max_new_tokens, task, test_sets, len(draws[0].selected)
+            evaluation.test_sets,
+            evaluation.max_new_tokens,
+            task,
+            job.test_sets,
+            len(draws[0].selected),
         ),
         device=device,
-        dtype=dtype_name(model),
-        per_set=[mean_records([d.per_set[i] for d in draws]) for i in range(len(test_sets))],
+        dtype=dtype_name(job.model),
+        per_set=[mean_records([d.per_set[i] for d in draws]) for i in range(len(job.test_sets))],
     )
 
 
-def _draw(
-    reward: str | None,
-    settings: SearchSettings,
-    model: torch.nn.Module,
-    tokenizer: Any,
-    task: Task,
-    decoder: ConstrainedDecoder,
-    potential: Potential,
-    test_sets: list[list[Example]],
-    sampler_seed: int,
-    progress: bool,
-) -> _Draw:
+def _draw(job: _Job, sampler_seed: int) -> _Draw:
     """Particles of every distinct example drawn with `sampler_seed`, selected and scored
-    (with the rewards of the selected outputs under `reward`, a `reward._target_`, unless None)."""
-    all_examples = [ex for test_set in test_sets for ex in test_set]
+    (with the rewards of the selected outputs when `eval.score_rewards`)."""
+    settings, task, decoder = job.settings, job.task, job.decoder
+    all_examples = [ex for test_set in job.test_sets for ex in test_set]
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
-        decoder, tokenizer, task, all_examples, potential, settings, sampler_seed, progress
+        decoder,
+        job.tokenizer,
+        task,
+        all_examples,
+        job.potential,
+        settings,
+        sampler_seed,
+        job.progress,
     )
     seconds = time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
     picks = Selections(task, populations, settings.method, settings.posterior_draws, sampler_seed)
     selected = picks.selected()
     rewards, scoring = None, Pass()
-    if reward is not None:
-        with counted(model) as scoring:
+    if job.evaluation.score_rewards:
+        with counted(job.model) as scoring:
             rewards = output_rewards(
-                reward, model, tokenizer, task, all_examples, selected, progress
+                job.evaluation.reward,
+                job.model,
+                job.tokenizer,
+                task,
+                all_examples,
+                selected,
+                job.progress,
             )
     _, per_set, rows = score_test_sets(
-        task, test_sets, selected, rewards, picks.set_fields, picks.row_fields
+        task, job.test_sets, selected, rewards, picks.set_fields, picks.row_fields
     )
     return _Draw(
         sampler_seed,

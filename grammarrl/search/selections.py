@@ -1,7 +1,7 @@
 """Picking one output per test example from its particles, and what a search results file
-says about the picks: each method's selection and the paired one on the same particles (rerank
-<-> is), the posterior-weighted metric, per-set means over sampler draws, particle diagnostics
-and the particle fields of a predictions row."""
+says about the picks: the method's selection and the others it reports on the same particles
+(rerank <-> is), the posterior-weighted metric, per-set means over sampler draws, particle
+diagnostics and the particle fields of a predictions row."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 from grammarrl.decoding import Generation
 from grammarrl.decoding.smc import ParticleSet
 from grammarrl.runs.results import mean_std
-from grammarrl.search.methods import SELECTORS, ess, normalized_weights, posterior_draws
+from grammarrl.search.methods import ess, normalized_weights, posterior_draws
+from grammarrl.search.registry import search_method
 from grammarrl.tasks.base import Task
 from grammarrl.types import Example
 
@@ -42,18 +43,20 @@ def selection_scores(picks: list[Selections]) -> dict[str, dict[str, Any]]:
 
 
 class Selections:
-    """Each output picked from the particles: the method's own selection, plus the paired one on
-    the same particles (rerank <-> is); per test set, every selection's metric and the
-    posterior-weighted metric (`posterior_draws` draws); per example, every selection's score."""
+    """Each output picked from the particles: the method's own selection, plus the others it
+    reports on the same particles (`SearchMethod.selections`: rerank <-> is); per test set,
+    every selection's metric and the posterior-weighted metric (`posterior_draws` draws); per
+    example, every selection's score."""
 
     def __init__(
         self, task: Task, populations: dict[str, ParticleSet], method: str, draws: int, seed: int
     ):
         self.task, self.populations, self.method = task, populations, method
         self.draws, self.seed = draws, seed
-        methods = ["rerank", "is"] if method in ("rerank", "is") else [method]
+        methods = search_method(method).reported()
         self.chosen = {
-            m: {uid: SELECTORS[m](ps) for uid, ps in populations.items()} for m in methods
+            m: {uid: search_method(m).select(ps) for uid, ps in populations.items()}
+            for m in methods
         }
         self.scores: dict[str, list[float]] = {m: [] for m in methods}
         self.items: dict[tuple[int, str], dict[str, Any]] = {}  # (set, uid) -> method -> item

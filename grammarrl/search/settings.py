@@ -7,18 +7,19 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from grammarrl.search.potentials import default_potential
+from grammarrl.search.registry import search_method
 
 
 @dataclass(frozen=True)
 class SearchSettings:
     """One search method's settings, with the config's defaults resolved: the potential the
-    method pairs with when `search.potential` is null, no resampling unless smc."""
+    method pairs with when `search.potential` is null, no resampling unless the method resamples
+    (`grammarrl.search.registry`)."""
 
-    method: str  # rerank | is | smc
+    method: str  # a registered method: rerank | is | smc
     particles: int  # N per input
     potential: str  # reverse | task | none (`search.potential`, else the method's pairing)
-    ess_threshold: float  # smc resamples when ESS < ess_threshold · N; 0 for rerank and is
+    ess_threshold: float  # resample when ESS < ess_threshold · N; 0: never (rerank, is)
     temperature: float  # the proposal's temperature
     batch_size: int  # prompts decoded together, each with `particles` rows
     posterior_draws: int  # draws for the posterior-weighted metric; 0: skip
@@ -27,12 +28,12 @@ class SearchSettings:
     @classmethod
     def from_config(cls, search: DictConfig) -> SearchSettings:
         """From the config's `search` group."""
-        method = str(search.method)
+        method = search_method(str(search.method))
         return cls(
-            method=method,
+            method=method.name,
             particles=int(search.particles),
-            potential=str(search.potential or default_potential(method)),
-            ess_threshold=float(search.ess_threshold) if method == "smc" else 0.0,
+            potential=str(search.potential or method.potential),
+            ess_threshold=float(search.ess_threshold) if method.resamples else 0.0,
             temperature=float(search.temperature),
             batch_size=int(search.batch_size),
             posterior_draws=int(search.posterior_draws),
