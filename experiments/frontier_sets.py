@@ -34,6 +34,11 @@ def frontier_rows(seed: int, overrides: list[str]) -> tuple[list[dict], Path]:
     cfg = compose_job_config(["task=conll", *overrides])
     draw = [ex for test_set in load_task(cfg).test_sets(SETS, SIZE, seed) for ex in test_set]
     folder = Path(str(cfg.cache_dir)) / FOLDER
+    if not (folder / "test.jsonl").is_file():
+        raise SystemExit(
+            f"error: {folder / 'test.jsonl'} does not exist; run "
+            "examples/conll_persons/make_data.py first (same data.dir and cache_dir)"
+        )
     rows = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]
     by_line = {line_key(row["source"]): row for row in rows}
     missing = [ex.uid for ex in draw if line_key(ex.uid) not in by_line]

@@ -1,5 +1,12 @@
 """Micro-F1 from per-example [tp, fp, fn] counts, and its bootstrap interval over examples: the
-pieces the comparison, the paired bootstrap and the dev-selection table share."""
+pieces the comparison, the paired bootstrap and the dev-selection table share.
+
+Every metric whose set score is a sum over examples is counted this way (`item_counts`), so that
+one paired bootstrap serves them all: micro-F1 (CoNLL) and the custom tasks' JSON-field F1
+record tp/fp/fn per example; WoS's hierarchical F1 counts the parent and the full path of each
+output; accuracy and exact match count a right output as [1, 0, 0] and a wrong one as
+[0, 1, 1], whose micro-F1 over a set is the share right. Corpus BLEU is not a sum over examples:
+it gets no counts, so no bootstrap."""
 
 from __future__ import annotations
 
@@ -21,12 +28,34 @@ def micro_f1(totals: np.ndarray) -> np.ndarray:
     return np.divide(2 * tp, denominator, out=np.zeros(tp.shape), where=denominator > 0)
 
 
+COUNTED_METRICS = ("micro_f1", "json_fields_f1", "hierarchical_f1", "accuracy", "exact_match")
+
+
+def item_counts(item: Mapping[str, Any]) -> np.ndarray | None:
+    """One example's [tp, fp, fn] from its per-example scores (module docstring): its own
+    counts; WoS's `parent_correct` and `path_correct` as hierarchical-F1 counts (an invalid
+    output predicts no label); a `correct` flag as [1, 0, 0] or [0, 1, 1]. None when the item
+    holds none of these (an unlabelled example, a BLEU task)."""
+    if all(k in item for k in COUNTS):
+        return np.array([item[k] for k in COUNTS], dtype=np.int64)
+    if "path_correct" in item:
+        if not item.get("valid", True):
+            return np.array([0, 0, 2], dtype=np.int64)
+        right = int(bool(item["parent_correct"])) + int(bool(item["path_correct"]))
+        return np.array([right, 2 - right, 2 - right], dtype=np.int64)
+    if "correct" in item:
+        wrong = 1 - int(bool(item["correct"]))
+        return np.array([1 - wrong, wrong, wrong], dtype=np.int64)
+    return None
+
+
 def counts_of(items: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
-    """[examples, 3] counts of the task's per-example items; None unless every item counts
-    tp/fp/fn (micro-F1 tasks)."""
-    if not items or any(not all(k in item for k in COUNTS) for item in items):
+    """[examples, 3] counts of the task's per-example items (`item_counts`); None unless every
+    item is counted."""
+    counts = [item_counts(item) for item in items]
+    if not counts or any(c is None for c in counts):
         return None
-    return np.array([[item[k] for k in COUNTS] for item in items], dtype=np.int64)
+    return np.stack(counts)
 
 
 def f1_interval(

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.intervals import COUNTS, RESAMPLES, SEED, micro_f1
+from experiments.intervals import RESAMPLES, SEED, item_counts, micro_f1
 from experiments.runs import AggregationError
 
 Counts = dict[Any, dict[str, np.ndarray]]  # test set -> uid -> [tp, fp, fn]
@@ -32,14 +32,18 @@ def differences(scores: Sequence[float], reference: Sequence[float]) -> list[flo
 
 
 def counts_by_set(rows: Iterable[Mapping[str, Any]], key: str = "set") -> Counts:
-    """Per test set (the rows' `key` field), each example's [tp, fp, fn] from its `scores`; an
-    example listed twice in one set is an error (it would be counted once)."""
+    """Per test set (the rows' `key` field), each example's [tp, fp, fn] from its `scores`
+    (`experiments.intervals.item_counts`); an example listed twice in one set, or one without
+    counts, is an error (it would be counted once, or not at all)."""
     sets: Counts = {}
     for row in rows:
         per_set = sets.setdefault(row[key], {})
         if row["uid"] in per_set:
             raise AggregationError(f"test set {row[key]}: example {row['uid']} listed twice")
-        per_set[row["uid"]] = np.array([row["scores"][k] for k in COUNTS], dtype=np.int64)
+        counts = item_counts(row["scores"])
+        if counts is None:
+            raise AggregationError(f"test set {row[key]}: example {row['uid']} has no counts")
+        per_set[row["uid"]] = counts
     return sets
 
 

@@ -1,8 +1,8 @@
 """One results file read for a comparison by distinct test set: its predictions rows, each test
 set's example ids (normalised by `relative_uid`), each selection's score of each draw on each
 set, the rows by (set, draw) and uid, and each set's per-example [tp, fp, fn] where the metric is
-micro-F1 (rescored from the text in older CoNLL search files), checked against the results
-file's own score. Errors name the file."""
+a sum over examples (`experiments.intervals.item_counts`; rescored from the text in older CoNLL
+search files), checked against the results file's own score. Errors name the file."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from experiments.intervals import COUNTS, micro_f1
+from experiments.intervals import COUNTED_METRICS, item_counts, micro_f1
 from experiments.runs import AggregationError, Evaluation
 from grammarrl.data.sources import relative_uid
 from grammarrl.tasks.conll import FIELDS, output_fields
 from grammarrl.tasks.metrics import entity_prf
 
 TOLERANCE = 1e-9
-MICRO_F1 = "micro_f1"
 Grouped = dict[tuple[int, int], dict[str, dict[str, Any]]]  # (set, draw) -> uid -> row
 
 
@@ -122,23 +121,21 @@ def _row_counts(ev: Evaluation, row: dict[str, Any], selection: str) -> np.ndarr
         item = row.get("scores")
     if item is None and ev.task == "conll":
         item = _rescored((row.get("selections") or {}).get(selection), row.get("gold", ""))
-    if not isinstance(item, dict) or any(k not in item for k in COUNTS):
-        return None
-    return np.array([item[k] for k in COUNTS], dtype=np.int64)
+    return item_counts(item) if isinstance(item, dict) else None
 
 
 def set_counts(
     ev: Evaluation, rows: dict[str, dict[str, Any]], selection: str
 ) -> np.ndarray | None:
-    """One set's per-example [tp, fp, fn] in sorted-uid order where the metric is micro-F1
-    (an error when a row lacks them), else None."""
-    if ev.metric != MICRO_F1:
+    """One set's per-example [tp, fp, fn] in sorted-uid order where the metric is counted
+    (`COUNTED_METRICS`; an error when a row lacks them), else None."""
+    if ev.metric not in COUNTED_METRICS:
         return None
     counts = [_row_counts(ev, rows[uid], selection) for uid in sorted(rows)]
     missing = [uid for uid, c in zip(sorted(rows), counts) if c is None]
     if missing:
         raise AggregationError(
-            f"{source(ev)}: {len(missing)} rows without tp/fp/fn counts for {selection} "
+            f"{source(ev)}: {len(missing)} rows without per-example counts for {selection} "
             f"(e.g. {missing[0]})"
         )
     return np.stack(counts)
@@ -154,7 +151,7 @@ def checked(
     score = float(micro_f1(counts.sum(0)))
     if abs(score - expected) > TOLERANCE:
         raise AggregationError(
-            f"{source(ev)}: {selection} on {where}: micro-F1 {score:.12f} from the predictions' "
+            f"{source(ev)}: {selection} on {where}: {ev.metric} {score:.12f} from the predictions' "
             f"counts, {expected:.12f} in the results file"
         )
     return score

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.analysis import read_predictions
-from experiments.intervals import COUNTS, RESAMPLES, SEED
+from experiments.intervals import RESAMPLES, SEED, item_counts
 from experiments.paired import counts_by_set, differences, paired_interval
 from experiments.runs import AggregationError, Evaluation, metric_label
 from experiments.table_format import Block, Cell, Row, Table
@@ -166,7 +166,7 @@ def counted_predictions(systems: Sequence[System]) -> dict[str, list[dict[str, A
 
 def _counted(rows: Sequence[dict[str, Any]]) -> bool:
     return bool(rows) and all(
-        isinstance(row.get("scores"), dict) and all(k in row["scores"] for k in COUNTS)
+        isinstance(row.get("scores"), dict) and item_counts(row["scores"]) is not None
         for row in rows
     )
 

@@ -177,6 +177,28 @@ def test_custom_tasks_sharing_a_name_do_not_share_sigmas(tmp_path):
     assert other.task.name == cfg.task.name and lookup_sigmas(settings_of(other)) is None
 
 
+def test_a_custom_task_on_another_test_file_or_budget_reuses_its_sigmas(tmp_path, caplog):
+    """A custom task's test file, metric and training defaults do not move its σ's (dev is drawn
+    before the test pool): a run that changes only those reuses the stored entry, also one
+    stored with the whole task configuration; a changed dev size is named key by key."""
+    from grammarrl.tasks.custom_spec import resolve_spec
+
+    spec = "task.spec=examples/support_tickets/triage.yaml"
+    cfg = _cfg(tmp_path, "task=custom", spec, "model=tiny")
+    resolve_spec(cfg)
+    whole = {**calibration_conditions(cfg), "task": dict(cfg.task)}  # as stored before
+    assert whole["task"]["test"] != calibration_conditions(cfg)["task"].get("test")
+    store_sigmas(settings_of(cfg), {"sigma_direct": 0.5, "sigma_reverse": 0.2, **whole})
+    moved = ["task.test=examples/support_tickets/test_fresh.jsonl", "task.max_steps=120"]
+    again = _cfg(tmp_path, "task=custom", spec, "model=tiny", *moved, "task.lr=1e-5")
+    resolve_spec(again)
+    assert lookup_sigmas(settings_of(again))[:2] == (0.5, 0.2)
+    other = _cfg(tmp_path, "task=custom", spec, "model=tiny", "task.dev_size=8")
+    resolve_spec(other)
+    assert lookup_sigmas(settings_of(other)) is None
+    assert "task.dev_size=16 (this run: 8)" in caplog.text and "task.spec" not in caplog.text
+
+
 def test_runs_on_other_test_sets_or_training_seeds_share_the_sigmas(tmp_path, caplog):
     """The σ's depend on `reward.calibration_seed`, not on `seed` (which draws the test sets) or
     `train.seed`: evaluating on other test sets or repeating training reuses one calibration."""

@@ -119,6 +119,9 @@ def test_the_persons_test_file_holds_the_conll_draws_sentences_in_order(real_dat
     test.write_text("".join(kept))
     with pytest.raises(SystemExit, match="make_data.py"):
         frontier_rows(3, data)
+    test.unlink()
+    with pytest.raises(SystemExit, match="does not exist; run examples/conll_persons/make_data"):
+        frontier_rows(3, data)
 
 
 def test_the_committed_predictions_file_is_what_its_records_give():

@@ -99,7 +99,8 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
     model = {k: v for k, v in config_dict(cfg.model).items() if k not in ("name", "dtype")}
     # A custom task is defined by its configuration (files, constraint, prompts): two specs
     # sharing a name must not share σ's. Built-in tasks are fixed by name and the keys below.
-    task = {"task": config_dict(cfg.task)} if is_custom(cfg.task) else {}
+    # Its test file and training defaults do not move the σ's (dev is drawn before the test pool).
+    task = {"task": _calibrated_task(config_dict(cfg.task))} if is_custom(cfg.task) else {}
     conditions = {
         **task,
         "data_dir": cfg.data.dir,
@@ -122,6 +123,18 @@ def calibration_conditions(cfg: DictConfig) -> dict[str, Any]:
     if cfg.reward._target_ != DEFAULT_REWARD:
         conditions["reward"] = cfg.reward._target_
     return portable(conditions, Roots.of(config_dict(cfg)))  # paths as run records name them
+
+
+# A custom task's keys its σ's do not depend on: the dev inputs are drawn before the test pool,
+# the metric only scores, and the training defaults reach calibration as optim.batch_size.
+UNCALIBRATED = ("test", "test_fraction", "metric", "max_steps", "lr", "batch_size")
+
+
+def _calibrated_task(task: Any) -> Any:
+    """A custom task's configuration less the keys its σ's do not depend on (`UNCALIBRATED`)."""
+    if not isinstance(task, dict):
+        return task
+    return {k: v for k, v in task.items() if k not in UNCALIBRATED}
 
 
 def read_table(path: Path) -> dict[str, Any]:
@@ -160,12 +173,22 @@ def entries(table: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 
 def differences(entry: dict[str, Any], conditions: dict[str, Any]) -> list[str]:
-    """`name=stored (this run: value)` for each condition an entry was not measured under."""
-    return [
-        f"{name}={entry.get(name, 'unrecorded')} (this run: {value})"
-        for name, value in conditions.items()
-        if entry.get(name) != value
-    ]
+    """`name=stored (this run: value)` for each condition an entry was not measured under; a
+    custom task's keys one by one (`task.test=...`), those its σ's do not depend on left out
+    (entries stored before they were left out still match)."""
+    found = []
+    for name, value in conditions.items():
+        stored = entry.get(name, "unrecorded")
+        if name == "task" and isinstance(stored, dict) and isinstance(value, dict):
+            stored = _calibrated_task(stored)
+            found += [
+                f"task.{k}={stored.get(k, 'unrecorded')} (this run: {value.get(k, 'unset')})"
+                for k in sorted(stored.keys() | value.keys())
+                if stored.get(k) != value.get(k)
+            ]
+        elif stored != value:
+            found.append(f"{name}={stored} (this run: {value})")
+    return found
 
 
 def store_sigmas(settings: CalibrationSettings, entry: dict[str, Any]) -> Path:
