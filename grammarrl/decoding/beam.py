@@ -1,14 +1,20 @@
 """Beam search's parts: a prompt's group of finished hypotheses (ranked best first), the best
-extensions of its beams at a step, and forking the rows that continue them."""
+extensions of its beams at a step, forking the rows that continue them, and one step of a
+group (`step_group`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 
-from grammarrl.decoding.rows import BEAM, NEG_INF, Row, StepDistribution
+from grammarrl.decoding.collect import Outputs
+from grammarrl.decoding.grammar import grammar_complete
+from grammarrl.decoding.rows import BEAM, NEG_INF, Choice, Row, StepDistribution
 from grammarrl.decoding.types import BeamResult, Generation
+
+log = logging.getLogger(__name__)
 
 
 class BeamGroup:
@@ -69,47 +75,87 @@ def beam_candidates(
     return (safe.gather(1, slot).view(-1), (flat % vocab).view(-1), values.view(-1), order)
 
 
-def fork(rows: list[Row], extensions: list[tuple]) -> list[tuple[int, Row]]:
-    """(parent row index, child) per extension (parent row index, token, logp_u, logp_c, mass,
-    score): the child has pushed its token, its matcher not yet consumed it. Every child but the
-    last of a parent gets a deep copy of the matcher, taken before any child consumes its token."""
+def fork(rows: list[Row], extensions: list[Choice]) -> list[tuple[int, Row]]:
+    """(parent row index, child) per extension: the child has pushed its token, its matcher not
+    yet consumed it. Every child but the last of a parent gets a deep copy of the matcher, taken
+    before any child consumes its token."""
     children_left: dict[int, int] = {}
     for ext in extensions:
-        children_left[ext[0]] = children_left.get(ext[0], 0) + 1
+        children_left[ext.row] = children_left.get(ext.row, 0) + 1
     children = []
-    for i, t, logp_u, logp_c, mass, _ in extensions:
-        parent = rows[i]
-        children_left[i] -= 1
-        matcher = parent.matcher if children_left[i] == 0 else parent.matcher.deep_copy()
-        child = parent.child(matcher)
-        child.push(t, logp_u, logp_c, mass)
-        children.append((i, child))
+    for ext in extensions:
+        parent = rows[ext.row]
+        children_left[ext.row] -= 1
+        last = children_left[ext.row] == 0
+        child = parent.child(parent.matcher if last else parent.matcher.deep_copy())
+        child.push(ext)
+        children.append((ext.row, child))
     return children
 
 
 def best_extensions(
     group: BeamGroup,
-    entries: list[list[float]],
+    choices: list[Choice],
     rows: list[Row],
     stop_token_id: int,
     generation: Callable[[Row, bool, bool], Generation],
-) -> list[tuple[int, int, float, float, float, float]]:
+) -> list[Choice]:
     """Walk one prompt's candidates best first: an end token among the best `width` closes an
     accepting row's hypothesis (added to `group.finished` via `generation`; elsewhere, or at a
-    non-accepting row, it is dropped); the `width` best other extensions are returned as
-    (parent row index, token, logp_u, logp_c, mass, score)."""
+    non-accepting row, it is dropped); the `width` best other extensions are returned."""
     extensions = []
-    for position, (i, t, logp_u, logp_c, mass, value) in enumerate(entries):
-        if value == NEG_INF:
+    for position, choice in enumerate(choices):
+        if choice.score == NEG_INF:
             break
-        i, t = int(i), int(t)
-        if t == stop_token_id:
-            if position < group.width and rows[i].matcher.is_accepting():
-                hyp = rows[i].child(None)
-                hyp.push(t, logp_u, logp_c, mass)
+        if choice.token == stop_token_id:
+            if position < group.width and rows[choice.row].matcher.is_accepting():
+                hyp = rows[choice.row].child(None)
+                hyp.push(choice)
                 insort(group, generation(hyp, True, False))
             continue
-        extensions.append((i, t, logp_u, logp_c, mass, value))
+        extensions.append(choice)
         if len(extensions) == group.width:
             break
     return extensions
+
+
+def step_group(
+    group: BeamGroup,
+    choices: list[Choice],
+    rows: list[Row],
+    outputs: Outputs,
+    stop_token_id: int,
+    max_new_tokens: int,
+) -> list[tuple[int, Row]]:
+    """One step of one prompt's beam: end-token candidates among the best B become finished
+    hypotheses; the B best other extensions fork their parents' rows. Returns the rows that go
+    on, each with the index of the row (cache slot) it continues; the group is closed into
+    `outputs` when it is done."""
+    extensions = best_extensions(group, choices, rows, stop_token_id, outputs.generation)
+    finished, width = group.finished, group.width
+    # Done when no live beam can still beat the width-th finished one (HF's heuristic: the
+    # best live score at its current length).
+    if (
+        not extensions
+        or len(finished) >= width
+        and group.score(extensions[0].score, len(rows[extensions[0].row].tokens) + 1)
+        <= rank(group, finished[width - 1])
+    ):
+        outputs.close_group(group, [])
+        return []
+    live = []
+    for i, child in fork(rows, extensions):  # each child's token not yet consumed
+        if not child.matcher.consume_token(child.tokens[-1]):
+            log.warning("beam matcher error: %s", child.matcher.get_error())
+            continue
+        live.append((i, child))
+    if not live:
+        outputs.close_group(group, [])
+        return []
+    if len(live[0][1].tokens) >= max_new_tokens:  # all beams have the same length
+        complete = [(i, c) for i, c in live if grammar_complete(c.matcher)]
+        if not complete:
+            outputs.close_group(group, [c for _, c in live])
+            return []
+        live = complete  # they take their forced end token in the next step
+    return live

@@ -21,18 +21,19 @@ decoder records the unconstrained log-prob (full-vocabulary softmax of the raw l
 constrained one (renormalised over the allowed set) and the log of the allowed mass.
 
 The model side (prefill, the KV cache, one decode step) is `forward.ModelForward`, the base class;
-beam search's parts (groups, candidates, forking) are in `beam.py`.
+beam search's parts (groups, candidates, forking, a group's step) are in `beam.py`; the outputs
+are collected per prompt in `collect.py`. A step's choices are `rows.Choice` values, one per
+chosen (row, token), read from one host-side table.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from grammarrl.decoding.beam import BeamGroup, beam_candidates, best_extensions, fork, rank
+from grammarrl.decoding.beam import BeamGroup, beam_candidates, step_group
+from grammarrl.decoding.collect import Outputs, PromptOutputs
 from grammarrl.decoding.forward import ModelForward
 from grammarrl.decoding.grammar import CompiledGrammar, MaskComputer, grammar_complete
 from grammarrl.decoding.rows import (
@@ -46,6 +47,7 @@ from grammarrl.decoding.rows import (
     NEG_INF,
     SAMPLE,
     TRUNCATED,
+    Choice,
     Row,
     StepDistribution,
     dead_end_reason,
@@ -55,14 +57,16 @@ from grammarrl.decoding.rows import (
 from grammarrl.decoding.types import BeamResult, Generation
 from grammarrl.models.chat import end_of_turn_id
 
-log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Outputs:
-    greedy: list[Generation]
-    samples: list[Generation]
-    beam: BeamResult | None
+def initial_rows(prompts: list[list[int]], kinds: list[int], grammar: CompiledGrammar) -> list[Row]:
+    """The rows of each prompt, consecutive, one per kind (greedy, samples, beam), each with its
+    own matcher; a sample's index is its number among the prompt's samples."""
+    offset = kinds.count(GREEDY)
+    return [
+        Row(p, kind, j - offset, grammar.matcher(), len(prompt))
+        for p, prompt in enumerate(prompts)
+        for j, kind in enumerate(kinds)
+    ]
 
 
 class ConstrainedDecoder(ModelForward):
@@ -161,7 +165,7 @@ class ConstrainedDecoder(ModelForward):
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         length_penalty: float | None = None,
-    ) -> list[_Outputs]:
+    ) -> list[PromptOutputs]:
         if num_samples < 0 or beam_width < 0:
             raise ValueError("num_samples and beam_width must be >= 0")
         if num_samples and not temperature > 0:
@@ -176,44 +180,38 @@ class ConstrainedDecoder(ModelForward):
 
     def _loop(
         self, prompts, greedy, num_samples, beam_width, temperature, generator, length_penalty
-    ) -> list[_Outputs]:
+    ) -> list[PromptOutputs]:
         """Prefill, then step until every row has ended: mask, choose each row's next token(s)
         by its rule, let the rows take them, reorder the cache for the survivors."""
-        rows, groups = self._initial_rows(prompts, greedy, num_samples, beam_width, length_penalty)
+        kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples + [BEAM] * bool(beam_width)
+        rows = initial_rows(prompts, kinds, self.grammar)
+        groups = {
+            p: BeamGroup(p, beam_width, length_penalty) for p in range(len(prompts)) if beam_width
+        }
         logits, kv = self.start(prompts, len(rows) // len(prompts))
-        outputs = [_Outputs([], [None] * num_samples, None) for _ in prompts]
+        outputs = Outputs(len(prompts), num_samples, self.generation)
         while rows:
             dist = self.distribution(logits, [r.matcher for r in rows])
-            table, n_plain, beam_prompts = self._choose(
+            choices, n_plain, beam_prompts = self._choose(
                 dist, rows, temperature, generator, beam_width
             )
-            new_rows, new_src = self._continue_plain(outputs, rows, table[:n_plain])
-            per_group = (len(table) - n_plain) // max(len(beam_prompts), 1)
+            new_rows, new_src = self._continue_plain(outputs, rows, choices[:n_plain])
+            per_group = (len(choices) - n_plain) // max(len(beam_prompts), 1)
             for g, p in enumerate(beam_prompts):
-                entries = table[n_plain + g * per_group : n_plain + (g + 1) * per_group]
-                self._beam_step(outputs, groups[p], entries, rows, new_rows, new_src)
+                start = n_plain + g * per_group
+                group_choices = choices[start : start + per_group]
+                for i, child in step_group(
+                    groups[p], group_choices, rows, outputs, self.stop_token_id, self.max_new_tokens
+                ):
+                    new_rows.append(child)
+                    new_src.append(i)
             if not new_rows:
                 break
             logits = self.advance(kv, rows, new_rows, new_src)
             rows = new_rows
         for group in groups.values():  # groups whose rows all died without a result
-            if group.result is None:
-                self._close_group(outputs, group, [])
-        return outputs
-
-    def _initial_rows(
-        self, prompts, greedy, num_samples, beam_width, length_penalty
-    ) -> tuple[list[Row], dict[int, BeamGroup]]:
-        """The rows of each prompt, consecutive (greedy, samples, beam), and its beam group."""
-        rows: list[Row] = []
-        groups: dict[int, BeamGroup] = {}
-        kinds = [GREEDY] * int(greedy) + [SAMPLE] * num_samples + [BEAM] * bool(beam_width)
-        for p, prompt in enumerate(prompts):
-            for j, kind in enumerate(kinds):
-                rows.append(Row(p, kind, j - int(greedy), self.grammar.matcher(), len(prompt)))
-            if beam_width:
-                groups[p] = BeamGroup(p, beam_width, length_penalty)
-        return rows, groups
+            outputs.close_group(group, [])
+        return outputs.prompts
 
     def _choose(
         self,
@@ -222,12 +220,10 @@ class ConstrainedDecoder(ModelForward):
         temperature: float,
         generator: torch.Generator | None,
         beam_width: int,
-    ) -> tuple[list[list[float]], int, list[int]]:
-        """Each row's next token by its rule: the step's one host-side table, a line per
-        chosen (row, token): [row index, token, logp_unconstrained, logp_constrained,
-        log_allowed_mass(, beam score)]. Greedy then sample rows first (one line each; their
-        count is returned), then per beam group its 2·B best extensions (the groups' prompts
-        are returned, in table order)."""
+    ) -> tuple[list[Choice], int, list[int]]:
+        """Each row's next token by its rule, read from the step's one host-side table: greedy
+        then sample rows first (one choice each; their count is returned), then per beam group
+        its 2·B best extensions (the groups' prompts are returned, in that order)."""
         device = self.device
         greedy_idx = [i for i, r in enumerate(rows) if r.kind == GREEDY]
         sample_idx = [i for i, r in enumerate(rows) if r.kind == SAMPLE]
@@ -251,25 +247,24 @@ class ConstrainedDecoder(ModelForward):
             plain = torch.full((len(greedy_idx) + len(sample_idx),), NEG_INF, device=device)
             columns.append(torch.cat([plain, *values]))
         table = torch.stack([c.double() for c in columns], dim=1).tolist()  # the one host sync
-        return table, len(greedy_idx) + len(sample_idx), beam[3] if beam is not None else []
+        choices = [Choice.of(line) for line in table]
+        return choices, len(greedy_idx) + len(sample_idx), beam[3] if beam is not None else []
 
     def _continue_plain(
-        self, outputs, rows: list[Row], entries: list[list[float]]
+        self, outputs: Outputs, rows: list[Row], choices: list[Choice]
     ) -> tuple[list[Row], list[int]]:
         """Greedy and sample rows take their tokens; the ended ones are emitted. Returns the
         live rows and, for each, the index of the row (cache slot) it continues."""
         new_rows: list[Row] = []
         new_src: list[int] = []
-        for entry in entries:
-            i = int(entry[0])
-            row = rows[i]
-            outcome, error = self.take(row, int(entry[1]), entry[2], entry[3], entry[4])
+        for choice in choices:
+            row = rows[choice.row]
+            outcome, error = self.take(row, choice)
             if outcome == LIVE:
                 new_rows.append(row)
-                new_src.append(i)
+                new_src.append(choice.row)
             else:
-                self._emit(
-                    outputs,
+                outputs.emit(
                     row,
                     finished=outcome == FINISHED,
                     truncated=outcome == TRUNCATED,
@@ -288,23 +283,17 @@ class ConstrainedDecoder(ModelForward):
             self._masks = MaskComputer(self.grammar, logits.shape[1], logits.device)
         return StepDistribution.of(logits, self._masks.allowed(matchers))  # mask [R, V] bool
 
-    def take(
-        self,
-        row: Row,
-        token: int,
-        logp_unconstrained: float,
-        logp_constrained: float,
-        log_allowed_mass: float,
-    ) -> tuple[str, str | None]:
-        """`row` takes `token` and its matcher advances. Returns (outcome, error): DEAD (a
+    def take(self, row: Row, choice: Choice) -> tuple[str, str | None]:
+        """`row` takes the chosen token and its matcher advances. Returns (outcome, error): DEAD (a
         dead end: nothing allowed, or only an unaccepted end token; the token is not taken),
         FINISHED (the end token), ERROR (the matcher refused it), TRUNCATED (max_new_tokens
         reached and the grammar not complete), or LIVE."""
-        if log_allowed_mass == NEG_INF or (
+        token = choice.token
+        if choice.log_allowed_mass == NEG_INF or (
             token == self.stop_token_id and not row.matcher.is_accepting()
         ):
             return DEAD, dead_end_reason(row)
-        row.push(token, logp_unconstrained, logp_constrained, log_allowed_mass)
+        row.push(choice)
         if token == self.stop_token_id:
             return FINISHED, None
         if not row.matcher.consume_token(token):
@@ -312,63 +301,6 @@ class ConstrainedDecoder(ModelForward):
         if len(row.tokens) >= self.max_new_tokens and not grammar_complete(row.matcher):
             return TRUNCATED, None
         return LIVE, None
-
-    def _beam_step(
-        self,
-        outputs,
-        group: BeamGroup,
-        entries: list[list[float]],
-        rows: list[Row],
-        new_rows: list[Row],
-        new_src: list[int],
-    ) -> None:
-        """One prompt's beam: end-token candidates among the best B become finished hypotheses;
-        the B best other extensions fork their parents' rows (appended to `new_rows`)."""
-        max_new, width = self.max_new_tokens, group.width
-        extensions = best_extensions(group, entries, rows, self.stop_token_id, self.generation)
-        finished = group.finished
-        # Done when no live beam can still beat the width-th finished one (HF's heuristic: the
-        # best live score at its current length).
-        if (
-            not extensions
-            or len(finished) >= width
-            and group.score(extensions[0][5], len(rows[extensions[0][0]].tokens) + 1)
-            <= rank(group, finished[width - 1])
-        ):
-            self._close_group(outputs, group, [])
-            return
-        children = fork(rows, extensions)  # each child's token not yet consumed
-        live = []
-        for i, child in children:
-            if not child.matcher.consume_token(child.tokens[-1]):
-                log.warning("beam matcher error: %s", child.matcher.get_error())
-                continue
-            live.append((i, child))
-        if not live:
-            self._close_group(outputs, group, [])
-            return
-        if len(live[0][1].tokens) >= max_new:  # all beams have the same length
-            complete = [(i, c) for i, c in live if grammar_complete(c.matcher)]
-            if not complete:
-                self._close_group(outputs, group, [c for _, c in live])
-                return
-            live = complete  # they take their forced end token in the next step
-        for i, child in live:
-            new_rows.append(child)
-            new_src.append(i)
-
-    def _close_group(self, outputs, group: BeamGroup, truncated: list[Row]) -> None:
-        if group.result is not None:
-            return
-        if group.finished:
-            top = group.finished[0]
-        elif truncated:
-            best = max(truncated, key=lambda r: r.score)
-            top = self.generation(best, finished=False, truncated=True)
-        else:
-            top = Generation([], "", [], [], [], False, False, "beam", error="no beam survived")
-        group.result = BeamResult(top=top, finished=list(group.finished))
-        outputs[group.prompt].beam = group.result
 
     def generation(self, row: Row, finished: bool, truncated: bool, error=None) -> Generation:
         """The output of an ended row (its text without the end token)."""
@@ -384,13 +316,3 @@ class ConstrainedDecoder(ModelForward):
             kind=KIND_NAMES[row.kind],
             error=error,
         )
-
-    def _emit(self, outputs, row: Row, finished: bool, truncated: bool, error=None) -> None:
-        if error:
-            log.warning("constrained decoding stopped early: %s", error)
-        gen = self.generation(row, finished, truncated, error)
-        target = outputs[row.prompt]
-        if row.kind == GREEDY:
-            target.greedy.append(gen)
-        else:
-            target.samples[row.index] = gen

@@ -6,7 +6,7 @@ masked next-token distribution of a step, inverse-CDF sampling, what a row does 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -15,6 +15,22 @@ KIND_NAMES = {GREEDY: "greedy", SAMPLE: "sample", BEAM: "beam"}
 NEG_INF = float("-inf")
 # What a row does after a token (`ConstrainedDecoder.take`)
 LIVE, FINISHED, TRUNCATED, DEAD, ERROR = "live", "finished", "truncated", "dead", "error"
+
+
+class Choice(NamedTuple):
+    """One chosen next token of one row: a line of a step's host-side table."""
+
+    row: int  # the row's index in the step's batch (its KV cache slot)
+    token: int
+    logp_unconstrained: float  # log-softmax of the raw logits
+    logp_constrained: float  # renormalised over the allowed tokens
+    log_allowed_mass: float  # log of the allowed tokens' mass (-inf: a dead end)
+    score: float = NEG_INF  # a beam extension's summed constrained log-prob
+
+    @classmethod
+    def of(cls, line: list[float]) -> Choice:
+        """From a table line [row, token, logp_u, logp_c, mass(, score)] of floats."""
+        return cls(int(line[0]), int(line[1]), *line[2:])
 
 
 class Row:
@@ -54,18 +70,13 @@ class Row:
         row.score = self.score
         return row
 
-    def push(
-        self,
-        token: int,
-        logp_unconstrained: float,
-        logp_constrained: float,
-        log_allowed_mass: float,
-    ) -> None:
-        self.tokens.append(token)
-        self.logp_unconstrained.append(logp_unconstrained)
-        self.logp_constrained.append(logp_constrained)
-        self.log_allowed_mass.append(log_allowed_mass)
-        self.score += logp_constrained
+    def push(self, choice: Choice) -> None:
+        """Append the chosen token and its log-probs."""
+        self.tokens.append(choice.token)
+        self.logp_unconstrained.append(choice.logp_unconstrained)
+        self.logp_constrained.append(choice.logp_constrained)
+        self.log_allowed_mass.append(choice.log_allowed_mass)
+        self.score += choice.logp_constrained
 
 
 @dataclass

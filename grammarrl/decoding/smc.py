@@ -43,6 +43,7 @@ from grammarrl.decoding.rows import (
     NEG_INF,
     SAMPLE,
     TRUNCATED,
+    Choice,
     Row,
     normalise_prompts,
     sample_tokens,
@@ -213,8 +214,8 @@ class _Loop:
         columns = [tok, *dist.token_logps(rows, tok), lq]
         table = torch.stack([c.double() for c in columns], dim=1).tolist()  # one host sync
         completed: dict[int, list[_Particle]] = {}
-        for pt, (t, logp_u, logp_c, mass, logq) in zip(live, table):
-            outcome, error = dec.take(pt.row, int(t), logp_u, logp_c, mass)
+        for i, (pt, (t, logp_u, logp_c, mass, logq)) in enumerate(zip(live, table)):
+            outcome, error = dec.take(pt.row, Choice(i, int(t), logp_u, logp_c, mass))
             # p/q of this token; at T = 1 exactly the recorded allowed mass.
             pt.logw += mass if self.temperature == 1.0 else logp_u - logq
             if outcome != LIVE:

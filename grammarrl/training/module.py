@@ -41,6 +41,37 @@ class NonFiniteLossError(GrammarRLError):
     kept)."""
 
 
+def validation_records(
+    step: int,
+    name: str,
+    gens: Sequence[Generation],
+    examples: Sequence[Example],
+    items: Sequence[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One validation slice's per-example outputs and scores, as `validation.jsonl` keeps them."""
+    return [
+        {"step": step, "slice": name, "uid": ex.uid, "prediction": gen.text, "scores": item}
+        for gen, ex, item in zip(gens, examples, items)
+    ]
+
+
+def checkpoint_misfit(own: dict[str, torch.Size], saved: dict[str, torch.Tensor]) -> str:
+    """How a checkpoint's weights differ from the trainable parameters (name -> shape): the
+    missing, unexpected and wrong-shaped names, counted with an example each; "" when they fit."""
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    wrong = sorted(n for n in set(own) & set(saved) if tuple(saved[n].shape) != tuple(own[n]))
+    return "; ".join(
+        f"{what}: {len(names)} (e.g. {names[0]})"
+        for what, names in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("wrong shape", wrong),
+        )
+        if names
+    )
+
+
 class GrammarRLModule(L.LightningModule):
     """Policy = base model + LoRA; reference = the same model with the adapter disabled."""
 
@@ -204,7 +235,10 @@ class GrammarRLModule(L.LightningModule):
         for idx, rows in self._val_preds.items():
             gens, examples, rewards = zip(*rows)
             scores = self.task.score([g.text for g in gens], list(examples))
-            self._record_validation(names[idx], gens, examples, scores.per_example)
+            # every rank validates every input: `trainer.use_distributed_sampler` is off
+            self.validation_rows += validation_records(
+                self.global_step, names[idx], gens, examples, scores.per_example
+            )
             prefix = f"val/{names[idx]}_"
             # Lightning logs a validation at the step index of the last trained batch, so the
             # one before training and the one after the first step share step 0: this says which.
@@ -233,26 +267,6 @@ class GrammarRLModule(L.LightningModule):
                     sync_dist=True,
                 )
 
-    def _record_validation(
-        self,
-        name: str,
-        gens: Sequence[Generation],
-        examples: Sequence[Example],
-        items: Sequence[dict[str, Any]],
-    ) -> None:
-        """Keep one validation slice's per-example outputs and scores (every rank validates
-        every input: `trainer.use_distributed_sampler` is off)."""
-        self.validation_rows += [
-            {
-                "step": self.global_step,
-                "slice": name,
-                "uid": ex.uid,
-                "prediction": gen.text,
-                "scores": item,
-            }
-            for gen, ex, item in zip(gens, examples, items)
-        ]
-
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {
@@ -274,23 +288,11 @@ class GrammarRLModule(L.LightningModule):
         """Check that the checkpoint holds exactly this adapter (strict_loading is off because
         the base weights are not saved), then restore the RNG streams."""
         own = {n: p.shape for n, p in self.named_parameters() if p.requires_grad}
-        saved = checkpoint.get("state_dict", {})
-        missing = sorted(set(own) - set(saved))
-        unexpected = sorted(set(saved) - set(own))
-        wrong = sorted(n for n in set(own) & set(saved) if tuple(saved[n].shape) != tuple(own[n]))
-        if missing or unexpected or wrong:
-            detail = "; ".join(
-                f"{what}: {len(names)} (e.g. {names[0]})"
-                for what, names in (
-                    ("missing", missing),
-                    ("unexpected", unexpected),
-                    ("wrong shape", wrong),
-                )
-                if names
-            )
+        misfit = checkpoint_misfit(own, checkpoint.get("state_dict", {}))
+        if misfit:
             raise ModelError(
                 "the checkpoint does not fit this model and LoRA config (another base model, "
-                f"lora.r or target modules?): {detail}"
+                f"lora.r or target modules?): {misfit}"
             )
         state = checkpoint.get("grammarrl")
         if state is None:
