@@ -67,3 +67,28 @@ def test_the_data_layer_does_not_import_the_tasks():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_tasks_hold_typed_settings_not_the_config(sample_tasks):
+    """Every task is built from `TaskSettings.from_config` (a custom task also from its resolved
+    spec) and keeps no part of the config: a changed config after loading moves nothing."""
+    from omegaconf import DictConfig
+
+    from grammarrl.tasks import load_task
+    from grammarrl.tasks.settings import TaskSettings
+
+    custom = load_task(
+        compose_config(["task=custom", "task.spec=examples/support_tickets/triage.yaml"])
+    )
+    for name, task in {**sample_tasks, "custom": custom}.items():
+        held = [k for k, v in vars(task).items() if isinstance(v, DictConfig)]
+        assert not held, f"{name} holds config objects: {held}"
+        assert isinstance(task.settings, TaskSettings)
+    cfg = compose_config(["task=wos", "data.dir=null", "task.dev_size=2", "task.num_hints=2"])
+    settings = TaskSettings.from_config(cfg)
+    assert (settings.dev_size, settings.num_hints, settings.test_fraction) == (2, 2, 0.5)
+    assert settings.data_dir is None and settings.source == "local"
+    task = load_task(cfg)
+    cfg.task.dev_size = 3
+    assert len(task.splits().dev) == 2
+    assert custom.settings.dev_size == 16 and custom.settings.num_fewshot == 3

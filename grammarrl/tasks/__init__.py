@@ -67,8 +67,9 @@ def task_label(name: str) -> str:
 
 
 def load_task(cfg: DictConfig) -> Task:
-    """The task of a composed config (`cfg.task`), reading `cfg.data`."""
-    return task_class(cfg.task)(cfg)
+    """The task of a composed config (`cfg.task`), built from its typed settings (the task's
+    `from_config`: `TaskSettings.from_config`, and a custom task's resolved spec)."""
+    return task_class(cfg.task).from_config(cfg)
 
 
 __all__ = [

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from grammarrl.errors import DataError
 from grammarrl.types import Example, Message, Scores, Splits
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 POOL_ORDER_SEED = 0  # the one shuffle of the test pool that disjoint test sets are cut from
 
@@ -25,6 +28,14 @@ class Task(ABC):
     name: str
     metric_name: str
     table_label: ClassVar[str] = ""  # the aggregator's column header, e.g. "CoNLL (F1-micro)"
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Self:
+        """The task of a composed config (`grammarrl.tasks.load_task`): built from its typed
+        settings (`grammarrl.tasks.settings.TaskSettings`), never holding the config."""
+        from grammarrl.tasks.settings import TaskSettings
+
+        return cls(TaskSettings.from_config(cfg))
 
     @abstractmethod
     def splits(self) -> Splits:

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig
-
 from grammarrl.config.schema_task import DATA_SOURCES
-from grammarrl.data.hints import MINILM, HintIndex
+from grammarrl.data.hints import HintIndex
 from grammarrl.data.sources import Row, SkipLog, data_root, fingerprint, relative_uid, task_dir
 from grammarrl.data.splits import make_splits
 from grammarrl.errors import ConfigError, DataError
 from grammarrl.tasks.base import Task
+from grammarrl.tasks.settings import TaskSettings
 from grammarrl.types import Example, Message, Splits
 
 log = logging.getLogger(__name__)
@@ -45,26 +43,23 @@ class CorpusTask(Task):
     output_format: str  # the required output format
     inverse_instruction: str  # the reverse prompt's system instruction
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
-        self.task_cfg = cfg.task
-        data = cfg.get("data") or {}
-        self.source, self.root = self.locate(data)
-        self.seed = int(data.get("split_seed", 0))
-        self.embedder = str(data.get("embedder") or MINILM)
-        self.cache_dir = Path(str(cfg.cache_dir))
+    def __init__(self, settings: TaskSettings) -> None:
+        self.settings = settings
+        self.source, self.root = self.locate(settings)
+        self.seed = settings.split_seed
+        self.embedder = settings.embedder
+        self.cache_dir = settings.cache_dir
         self.skips = SkipLog(self.name)
         self._splits: Splits | None = None
         self._hints_ready = False
 
-    def locate(self, data: Mapping[str, Any]) -> tuple[str, Path | None]:
+    def locate(self, settings: TaskSettings) -> tuple[str, Path | None]:
         """(source, root) of the task's rows: `data.source`, and when local the data root
         (`data.dir`, or the bundled samples)."""
-        source = str(data.get("source", "local"))
-        if source not in DATA_SOURCES:
+        if settings.source not in DATA_SOURCES:
             expected = " or ".join(DATA_SOURCES)
-            raise ConfigError(f"data.source={source!r} is invalid: expected {expected}")
-        return source, data_root(data.get("dir")) if source == "local" else None
+            raise ConfigError(f"data.source={settings.source!r} is invalid: expected {expected}")
+        return settings.source, data_root(settings.data_dir) if settings.source == "local" else None
 
     # ----- data -------------------------------------------------------------------------
     @property
@@ -133,9 +128,9 @@ class CorpusTask(Task):
         if self._splits is None:
             self._splits = make_splits(
                 self.pools(),
-                train_size=self.task_cfg.train_size,
-                dev_size=self.task_cfg.dev_size,
-                num_fewshot=self.task_cfg.num_fewshot,
+                train_size=self.settings.train_size,
+                dev_size=self.settings.dev_size,
+                num_fewshot=self.settings.num_fewshot,
                 pick_fewshot=self.pick_fewshot,
                 seed=self.seed,
                 skips=self.skips,
@@ -155,12 +150,12 @@ class CorpusTask(Task):
     @cached_property
     def hint_index(self) -> HintIndex | None:
         vocabularies = self.hint_vocabularies()
-        if not vocabularies or self.task_cfg.num_hints <= 0:
+        if not vocabularies or self.settings.num_hints <= 0:
             return None
         return HintIndex(
             self.name,
             vocabularies,
-            self.task_cfg.num_hints,
+            self.settings.num_hints,
             self.embedder,
             self.cache_dir,
             self.data_key,

@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from omegaconf import DictConfig
 
@@ -46,6 +46,7 @@ from grammarrl.tasks.custom_grammar import ByteGrammarChecker
 from grammarrl.tasks.custom_metrics import exact_match, json_fields_prf
 from grammarrl.tasks.custom_spec import CUSTOM_KEYS, CustomSpec, resolve_spec
 from grammarrl.tasks.metrics import corpus_bleu, validity_rate
+from grammarrl.tasks.settings import TaskSettings
 from grammarrl.types import Example, Scores
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,10 @@ class CustomTask(CorpusTask):
 
     name = "custom"
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self.spec = resolve_spec(cfg)
-        self.name = self.spec.name
-        super().__init__(cfg)
+    def __init__(self, settings: TaskSettings, spec: CustomSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        super().__init__(settings)
         self.instruction = self.spec.instruction
         self.output_format = self.spec.output_format
         self.inverse_instruction = self.spec.reverse_instruction
@@ -105,8 +106,14 @@ class CustomTask(CorpusTask):
             self.name, sorted((k, str(p)) for k, p in self.spec.files.items()), self.spec.grammar
         )
 
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Self:
+        """The task of a composed config: its spec merged into `cfg.task` and checked first."""
+        spec = resolve_spec(cfg)
+        return cls(TaskSettings.from_config(cfg), spec)
+
     # ----- data -------------------------------------------------------------------------
-    def locate(self, data: Mapping[str, Any]) -> tuple[str, Path | None]:
+    def locate(self, settings: TaskSettings) -> tuple[str, Path | None]:
         """Its own files (`resolve_spec` refused another data.source): rooted at task.train's
         directory, which example ids are relative to."""
         return "local", self.spec.files["train"].parent
@@ -179,7 +186,7 @@ class CustomTask(CorpusTask):
     def demonstration_pool(self) -> tuple[Example, ...]:
         """The first num_fewshot rows of task.demonstrations (all labelled), else the first
         num_fewshot labelled training rows (in file order)."""
-        k = int(self.task_cfg.num_fewshot)
+        k = self.settings.num_fewshot
         path = self.spec.files.get("demonstrations")
         if path is None:
             test = {ex.input for ex in self.examples.get("test", [])}
@@ -209,7 +216,7 @@ class CustomTask(CorpusTask):
         if "dev" in self.spec.files:
             dev = self.examples.get("dev", [])
         else:
-            parts = partition(train, int(self.task_cfg.dev_size), 0.0, self.seed)
+            parts = partition(train, self.settings.dev_size, 0.0, self.seed)
             dev, train = parts["dev"], parts["train"]
         if "test" in self.spec.files:
             given = self.examples.get("test", [])
@@ -217,7 +224,7 @@ class CustomTask(CorpusTask):
             self.skips.drop("unlabelled_test_row", len(given) - len(test))
         else:
             pool = [ex for ex in train if ex.target] or train
-            test = partition(pool, 0, float(self.task_cfg.test_fraction), self.seed)["test"]
+            test = partition(pool, 0, self.settings.test_fraction, self.seed)["test"]
             held = {ex.uid for ex in test}
             train = [ex for ex in train if ex.uid not in held]
         if not dev:

@@ -117,8 +117,7 @@ class WosTask(CorpusTask):
     def pools(self) -> dict[str, list[Example]]:
         """One labelled pool, split with a fixed seed (dev, then test_fraction of the rest)."""
         pool = [ex for examples in self.corpus.values() for ex in examples]
-        fraction = float(self.task_cfg.get("test_fraction", 0.5))
-        return partition(pool, self.task_cfg.dev_size, fraction, self.seed)
+        return partition(pool, self.settings.dev_size, self.settings.test_fraction, self.seed)
 
     def vocab_size(self) -> int:
         return len(self._paths)
