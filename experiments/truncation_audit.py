@@ -44,6 +44,14 @@ COMMAND = "GRAMMARRL_DATA_DIR=$(realpath ../shared/data) python -m experiments.t
 NEG_INF = float("-inf")
 
 
+def _commit() -> str:
+    """The short hash of the code the audit ran at (HEAD)."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
 def search_files() -> list[Path]:
     """The committed predictions files of search runs (rows with particles), sorted."""
     listed = subprocess.run(
@@ -157,6 +165,7 @@ def audit() -> dict[str, Any]:
     files = [audit_file(path) for path in search_files()]
     return {
         "date": datetime.date.today().isoformat(),
+        "commit": _commit(),
         "command": COMMAND,
         "files": files,
         "moved": moved_metrics(files),
@@ -195,7 +204,7 @@ def verdict(report: dict[str, Any]) -> str:
     moved = report["moved"]
     if not moved:
         return (
-            "**Verdict: no headline number moves.** No committed Sample-Rerank or Full IS "
+            "**No headline number moves.** No committed Sample-Rerank or Full IS "
             "metric changes when truncated particles weigh zero; only the ESS and "
             "vanished-weight diagnostics of runs with truncated particles do (table)."
         )
@@ -210,9 +219,9 @@ def verdict(report: dict[str, Any]) -> str:
         for m in moved
     ]
     head = (
-        "**Verdict: a headline mean moves at its printed precision.**"
+        "**A headline mean moves at its printed precision.**"
         if means
-        else "**Verdict: no headline mean moves at its printed precision (3 decimals).**"
+        else "**No headline mean moves at its printed precision (3 decimals).**"
     )
     return (
         f"{head} Metrics that change when truncated particles weigh zero: "
@@ -227,18 +236,28 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Truncated particles in the committed search results",
         "",
+        (
+            f"*Measured: {report['date']} · code at {report['commit']} · no model run: an audit of "
+            "committed prediction files.*"
+        ),
+        "",
+        "## Verdict",
+        "",
         verdict(report),
         "",
-        f"{len(files)} committed search predictions files (rows with particles); "
-        f"with truncated particles: {sum(bool(f['truncated_particles']) for f in files)}; "
-        f"SMC runs: {sum(f['method'] == 'smc' for f in files)}. Rule audited: an output cut "
-        "at `max_new_tokens` is outside L(G), so its weight is zero (log weight -inf, as a dead "
-        "particle), where before it kept p/q with no completion potential (log Φ = 0, the "
-        "highest possible). Date: " + report["date"] + ". Command:",
+        (
+            f"{len(files)} committed search predictions files (rows with particles); "
+            f"with truncated particles: {sum(bool(f['truncated_particles']) for f in files)}; "
+            f"SMC runs: {sum(f['method'] == 'smc' for f in files)}."
+        ),
         "",
-        "```bash",
-        report["command"],
-        "```",
+        "## Which committed search files hold truncated particles, and what changes in them?",
+        "",
+        (
+            "Rule audited: an output cut at `max_new_tokens` is outside L(G), so its weight is zero "
+            "(log weight -inf, as a dead particle), where before it kept p/q with no completion "
+            "potential (log Φ = 0, the highest possible)."
+        ),
         "",
         (
             "Columns: selected truncated = rows whose selected output did not finish; rows with "
@@ -289,8 +308,25 @@ def markdown(report: dict[str, Any]) -> str:
                     )
                     + ")."
                 )
-    lines += ["", "## Where selections change", "", *(changes or ["Nowhere."])]
-    lines += ["", "## The headline results", "", *headline_notes(files)]
+    lines += ["", "## Where do selections change?", "", *(changes or ["Nowhere."])]
+    lines += [
+        "",
+        "## Do the headline results of the results pages move?",
+        "",
+        *headline_notes(files),
+    ]
+    lines += [
+        "",
+        "## How it was run",
+        "",
+        "The audit reads the committed prediction files; no model is run. Date: "
+        + report["date"]
+        + ". Command:",
+        "",
+        "```bash",
+        report["command"],
+        "```",
+    ]
     return "\n".join(lines) + "\n"
 
 
