@@ -32,8 +32,12 @@ class Output:
     or did not finish) and whether it is valid (ended in an accepting state and parses)."""
 
     text: str
+    """The decoded output, without the end-of-turn token."""
     value: Any
+    """The task's parse of `text` (`Task.parse`: a dict for JSON tasks, a label, a gloss
+    string); None when it does not parse or the output did not finish."""
     valid: bool
+    """The output ended in an accepting state of the grammar and parses."""
 
 
 @dataclass(frozen=True)
@@ -41,9 +45,13 @@ class Evaluation:
     """The task metric on labelled rows, with the outputs it scored."""
 
     metric: str
+    """The task metric's name (`micro_f1`, `accuracy`, `json_fields_f1`, ...)."""
     value: float
+    """The metric over the labelled rows."""
     validity: float
+    """The share of outputs that are valid."""
     outputs: list[Output]
+    """The outputs scored, in the order of the rows given."""
 
 
 class Policy:

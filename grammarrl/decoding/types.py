@@ -10,6 +10,7 @@ class Generation:
     """One generated output with per-token log-probabilities.
 
     For every generated token t (the final end-of-turn token included when the row finished):
+
     - `logp_unconstrained[t]` = log pi(y_t | x, y_<t): full-vocabulary log-softmax of the model's
       raw logits at temperature 1 (what rewards and the RL loss use);
     - `logp_constrained[t]`   = log pi^G(y_t | x, y_<t): log-softmax renormalised over the tokens
@@ -19,14 +20,21 @@ class Generation:
     """
 
     token_ids: list[int]
+    """The generated tokens (the end-of-turn token last when the output finished)."""
     text: str
+    """The decoded output, without the end-of-turn token."""
     logp_unconstrained: list[float]
     logp_constrained: list[float]
     log_allowed_mass: list[float]
     finished: bool
+    """The output ended with the end-of-turn token, which the grammar allows only where it
+    accepts."""
     truncated: bool
-    kind: str  # "greedy" | "sample" | "beam"
-    error: str | None = field(default=None, compare=False)  # set if the grammar hit a dead end
+    """The output reached `max_new_tokens` before the grammar was complete."""
+    kind: str
+    """How it was decoded: "greedy", "sample" or "beam"."""
+    error: str | None = field(default=None, compare=False)
+    """Why decoding stopped early (a dead end of the grammar), else None."""
 
     @property
     def sum_logp_unconstrained(self) -> float:
