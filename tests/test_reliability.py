@@ -832,3 +832,37 @@ def test_a_job_is_validated_once_and_finds_its_checkpoint_once_changing_nothing(
     assert len(calls["validate"]) == 1 and len(calls["resolve_resume"]) == 1
     [job] = calls["run_train"]
     assert job["resume"].path == ckpt and job["resume"].step == 3 and job["cut write kept"]
+
+
+OLDEST_RECORDS = (  # the oldest committed run records (2026-11-24), one per mode they hold
+    "experiments/results/smollm2-cpu-2/runs/baselines/0_baseline_greedy/job.json",
+    "experiments/results/smollm2-cpu-2/runs/train/0_lambda=0.5,rollout.num_samples=3/job.json",
+)
+
+
+@pytest.mark.parametrize("record", OLDEST_RECORDS)
+def test_every_key_added_since_the_oldest_records_says_what_they_ran_with(record):
+    """A key added to the schema after a run was recorded is absent from its record, and a
+    missing key compares as null: unless the key declares `recorded_default` (what the run ran
+    with), every existing run directory whose mode compares it would conflict. Composed today
+    from the record's own overrides, no key the mode compares may be missing from the migrated
+    record (`current_names`) with a non-null value; the key is named."""
+    import yaml
+
+    from grammarrl.runs.rundir import BOOKKEEPING, MODE_UNUSED, current_names, flatten
+
+    stored = json.loads((Path(__file__).resolve().parents[1] / record).read_text())
+    old = flatten(current_names(stored["config"]))
+    overrides = yaml.safe_load(stored["hydra_files"]["overrides.yaml"])
+    new = flatten(config_dict(compose_config(overrides)))
+    ignored = (*BOOKKEEPING, *MODE_UNUSED[stored["mode"]])
+    missing = sorted(
+        k
+        for k, value in new.items()
+        if k not in old
+        and value is not None
+        and not any(k == p or k.startswith(p + ".") for p in ignored)
+    )
+    assert not missing, (
+        f"declare recorded_default for {', '.join(missing)} (added since {record} was recorded)"
+    )

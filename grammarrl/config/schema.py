@@ -98,6 +98,7 @@ SCALARS: dict[str, Key] = {
         "Extra Lightning callbacks by name: `{name: {_target_: module.Class, ...}}`.",
         type="dict",
         modes=NOT_DIAGNOSE,
+        recorded_default={},
     ),
 }
 

@@ -100,6 +100,7 @@ class TrainSchema:
         "After training, also evaluate the dev-best step's adapter (results_best_dev.json).",
         role=CONTINUABLE,
         modes=NOT_DIAGNOSE,
+        recorded_default=False,
     )
     val_size: int = key(
         "Inputs per validation slice (a train and a dev slice).",
