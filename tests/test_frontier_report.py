@@ -10,8 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.frontier_report import _field_counts, _fields, _judge, main, report
+from experiments.frontier_report import (
+    BEGIN,
+    END,
+    _field_counts,
+    _fields,
+    _judge,
+    main,
+    report,
+    with_outcomes,
+)
 from experiments.paired import counts_by_set
+from experiments.runs import AggregationError
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "experiments" / "results" / "frontier"
@@ -72,3 +82,12 @@ def test_triage_outcome_names_the_miss_and_what_is_not_run(tmp_path):
     shutil.copy(FOLDER.parent / "frontier-predictions.json", tmp_path)
     with pytest.raises(SystemExit, match="no prediction for mystery"):
         main([str(copy)])
+
+
+def test_the_writeup_block_is_replaced_and_nothing_else():
+    page = f"# Title\n\nVerdict.\n\n{BEGIN}\n\nold table\n{END}\n\n## Later\n"
+    new = with_outcomes(page, "| new |\n")
+    assert new == f"# Title\n\nVerdict.\n\n{BEGIN}\n\n| new |\n{END}\n\n## Later\n"
+    assert with_outcomes(new, "| new |\n") == new
+    with pytest.raises(AggregationError, match="expected one block"):
+        with_outcomes("# no markers\n", "| x |\n")
