@@ -87,7 +87,7 @@ def test_triage_outcome_names_the_miss_and_what_is_not_run(tmp_path):
 def test_the_writeup_block_is_replaced_and_nothing_else():
     page = f"# Title\n\nVerdict.\n\n{BEGIN}\n\nold table\n{END}\n\n## Later\n"
     new = with_outcomes(page, "| new |\n")
-    assert new == f"# Title\n\nVerdict.\n\n{BEGIN}\n\n| new |\n{END}\n\n## Later\n"
+    assert new == f"# Title\n\nVerdict.\n\n{BEGIN}\n\n| new |\n\n{END}\n\n## Later\n"
     assert with_outcomes(new, "| new |\n") == new
     with pytest.raises(AggregationError, match="expected one block"):
         with_outcomes("# no markers\n", "| x |\n")
