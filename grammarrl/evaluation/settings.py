@@ -62,6 +62,9 @@ class EvalSettings:
             length_penalty=cfg.eval.length_penalty,
             score_rewards=bool(cfg.eval.score_rewards),
             reward=cfg.reward._target_,
-            sampler_seeds=tuple(int(seed) for seed in cfg.eval.sampler_seeds),
+            # mode=search's draws; greedy and beam are deterministic and never read them
+            sampler_seeds=(
+                tuple(int(seed) for seed in cfg.eval.sampler_seeds) if cfg.mode == "search" else ()
+            ),
             config=config_dict(cfg),
         )
