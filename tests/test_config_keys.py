@@ -94,7 +94,13 @@ def test_rundir_sets_are_derived_from_the_declared_roles():
     assert {"optim.lr", "trainer", "lora", "beta"} <= {*diagnose}
     assert "optim.batch_size" not in diagnose and "rollout" not in diagnose
     assert {"diagnose", "eval.sampler_seeds"} <= {*train} and "optim.lr" not in train
-    assert rundir.MODE_UNUSED["search"] == ("diagnose",)
+    # what tests/test_mode_keys.py measures: eval and search never read training's keys
+    for mode in ("eval", "search"):
+        unused = {*rundir.MODE_UNUSED[mode]}
+        assert {"lora", "trainer", "train.val_size", "rollout", "lambda"} <= unused
+        assert "eval.test_size" not in unused and "task.num_hints" not in unused
+    assert "search" in rundir.MODE_UNUSED["eval"]  # the group whole
+    assert "search.method" not in rundir.MODE_UNUSED["search"]
     assert rundir.ADDED["kl_penalty"] == "loss" and rundir.ADDED["eval.sampler_seeds"] is None
     assert "lambda" not in rundir.ADDED
     assert rundir.SPLIT_FROM == {"train.seed": "seed", "reward.calibration_seed": "seed"}
@@ -119,8 +125,8 @@ def test_a_declaration_with_an_unknown_role_or_mode_is_refused():
 def test_the_reference_shows_each_keys_range_and_role():
     page = config_reference.generate()
     rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| `")}
-    assert "| `>= 1` | continuable<br>not diagnose |" in rows["| `trainer.max_steps`"]
-    assert "| `[0, 1)` | result<br>not diagnose |" in rows["| `lora.dropout`"]
+    assert "| `>= 1` | continuable<br>train only |" in rows["| `trainer.max_steps`"]
+    assert "| `[0, 1)` | result<br>train only |" in rows["| `lora.dropout`"]
     assert "older records: `loss`" in rows["| `kl_penalty`"]
     assert "| bookkeeping |" in rows["| `logger.name`"]
     assert "search only" in rows["| `eval.sampler_seeds`"]

@@ -130,8 +130,10 @@ def _module(tiny, overrides: list[str]) -> tuple[GrammarRLModule, list]:
 
 
 # The losses of the two steps below, recorded on the code before the reward became a component
-# (commit 051c1dd): the same module (STEP, σ's 0.7 and 0.3, train[:3]), `step_loss` twice with
-# an AdamW step at lr 1e-2 between them.
+# (commit 051c1dd, on an Intel Xeon with AMX): the same module (STEP, σ's 0.7 and 0.3,
+# train[:3]), `step_loss` twice with an AdamW step at lr 1e-2 between them. Another CPU's
+# bfloat16 kernels move them by up to 7e-4 (relative; an AMD EPYC with avx512_bf16), so they are
+# held to 2e-3; the close check is the step against its own terms above.
 BEFORE_LOSSES = (-0.35775914788246155, -0.5636283755302429)
 
 
@@ -156,9 +158,12 @@ def test_the_default_rloo_step_is_the_bidirectional_reward_explicitly(tiny):
             reverse.append(torch.stack([lp.mean() for lp in backward]))
             ref_logp.append(torch.stack([lp.sum() for lp in forward]))
         assert out.valid.all()
-        assert torch.equal(out.direct, torch.stack(direct))
-        assert torch.equal(out.reverse, torch.stack(reverse))
-        assert torch.equal(out.ref_logp, torch.stack(ref_logp))
+        # scored here one group at a time, in the step all groups together: the same sums up to
+        # float rounding, which depends on the batch shape on some CPUs (AMD EPYC, bf16 kernels)
+        same = {"rtol": 1e-5, "atol": 1e-5}
+        torch.testing.assert_close(out.direct, torch.stack(direct), **same)
+        torch.testing.assert_close(out.reverse, torch.stack(reverse), **same)
+        torch.testing.assert_close(out.ref_logp, torch.stack(ref_logp), **same)
         rewards = combine_rewards(out.direct, out.reverse, 0.5, 0.7, 0.3)
         assert torch.equal(step.rewards, rewards)
         advantages = rloo_advantages(rewards, out.valid)
@@ -168,7 +173,7 @@ def test_the_default_rloo_step_is_the_bidirectional_reward_explicitly(tiny):
         optimiser.zero_grad()
         step.loss.backward()
         optimiser.step()
-    assert losses == pytest.approx(BEFORE_LOSSES, rel=1e-5)
+    assert losses == pytest.approx(BEFORE_LOSSES, rel=2e-3)
 
 
 def test_an_rloo_step_with_the_length_normalised_reward(tiny):

@@ -21,6 +21,14 @@ MODES = ("train", "eval", "calibrate", "search", "diagnose", "prepare", "export"
 # mode=diagnose decodes and scores with the frozen model only: training's, evaluation's and
 # search's keys do not reach it.
 NOT_DIAGNOSE = tuple(mode for mode in MODES if mode != "diagnose")
+# The modes that read a group of keys, as tests/test_mode_keys.py measures them; prepare and
+# export write no run record, so listing them changes no comparison.
+UNRECORDED = ("prepare", "export")
+TRAINING = ("train", *UNRECORDED)  # training's own settings: LoRA, optimiser, Trainer, train.*
+ROLLOUTS = ("train", "calibrate", "diagnose", *UNRECORDED)  # rollouts and the reward's σ's
+TEST_SETS = ("train", "eval", "search", *UNRECORDED)  # the test sets and their decoding
+SEARCHING = ("search", *UNRECORDED)  # a search's own settings
+PARTICLES = ("train", "search", *UNRECORDED)  # drawing particles: search, amortised-IS training
 
 RESULT = "result"  # another value changes results: a re-run with it is refused
 CONTINUABLE = "continuable"  # a result, but a training run may change it and still resume

@@ -108,12 +108,15 @@ def _allowed(declared: Key) -> str:
 
 
 def _role(declared: Key) -> str:
-    """The role, the modes it is compared for where not all, and what older records ran with."""
+    """The role, the modes it is compared for where not all (of those that keep a run record),
+    and what older records ran with."""
     parts = [declared.role]
-    unused = [mode for mode in keys.MODES if mode not in declared.modes]
+    recorded = [mode for mode in keys.MODES if mode not in keys.UNRECORDED]
+    used = [mode for mode in recorded if mode in declared.modes]
+    unused = [mode for mode in recorded if mode not in declared.modes]
     if unused:
-        few = len(declared.modes) <= len(unused)
-        parts.append(f"{', '.join(declared.modes)} only" if few else f"not {', '.join(unused)}")
+        few = len(used) <= len(unused)
+        parts.append(f"{', '.join(used)} only" if few else f"not {', '.join(unused)}")
     if declared.recorded_default is not keys.ALWAYS:
         parts.append(f"older records: {_render(declared.recorded_default)}")
     if declared.split_from:

@@ -8,7 +8,16 @@ itself and the keys that moved."""
 
 from __future__ import annotations
 
-from grammarrl.config.keys import BOOKKEEPING, CONTINUABLE, MODES, NOT_DIAGNOSE, Key, Rule
+from grammarrl.config.keys import (
+    BOOKKEEPING,
+    CONTINUABLE,
+    MODES,
+    NOT_DIAGNOSE,
+    TRAINING,
+    UNRECORDED,
+    Key,
+    Rule,
+)
 from grammarrl.config.schema_evaluation import (
     DiagnoseSchema,
     EvalSchema,
@@ -61,17 +70,22 @@ SCALARS: dict[str, Key] = {
         type="float",
         at_least=0,
         at_most=1,
+        modes=("train", "diagnose", *UNRECORDED),
     ),
-    "beta": Key("KL coefficient β.", type="float", at_least=0, modes=NOT_DIAGNOSE),
+    "beta": Key("KL coefficient β.", type="float", at_least=0, modes=TRAINING),
     "kl_penalty": Key(
         "Where β's term acts: `loss` (the paper's Eq. 8), `reward` (subtracted before RLOO) or "
         "`grammar` (β·(log q_θ − log π_ref) subtracted from the reward).",
         choices=KL_PENALTIES,
         type="str",
-        modes=NOT_DIAGNOSE,
+        modes=TRAINING,
         recorded_default="loss",
     ),
-    "seed": Key("Seeds the test-set draws, and training unless train.seed is set.", type="int"),
+    "seed": Key(
+        "Seeds the test-set draws, and training unless train.seed is set.",
+        type="int",
+        modes=("train", "eval", "search", "diagnose", *UNRECORDED),
+    ),
     "device": Key(
         "`auto` (CUDA if present), `cpu`, `cuda` or `cuda:N`.",
         type="str",

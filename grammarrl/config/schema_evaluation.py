@@ -7,7 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grammarrl.config.keys import CONTINUABLE, NOT_DIAGNOSE, key
+from grammarrl.config.keys import (
+    CONTINUABLE,
+    NOT_DIAGNOSE,
+    PARTICLES,
+    SEARCHING,
+    TEST_SETS,
+    UNRECORDED,
+    key,
+)
 
 ADAPTER_MODES = ("eval", "search", "export")  # modes that load eval.adapter
 DECODINGS = ("greedy", "beam")
@@ -24,28 +32,26 @@ class EvalSchema:
         "Test decoding of mode=eval and after training.",
         choices=DECODINGS,
         role=CONTINUABLE,
-        modes=NOT_DIAGNOSE,
+        modes=("eval", *UNRECORDED),
     )
     beam_width: int = key(
-        "Beam width of eval.decoding=beam.", at_least=1, role=CONTINUABLE, modes=NOT_DIAGNOSE
+        "Beam width of eval.decoding=beam.", at_least=1, role=CONTINUABLE, modes=TEST_SETS
     )
     length_penalty: float = key(
         "Beam ranks finished outputs by sum log-prob / length^length_penalty (0: plain sum).",
         role=CONTINUABLE,
-        modes=NOT_DIAGNOSE,
+        modes=TEST_SETS,
     )
     num_test_sets: int = key(
-        "Test sets drawn from the test pool.", at_least=1, role=CONTINUABLE, modes=NOT_DIAGNOSE
+        "Test sets drawn from the test pool.", at_least=1, role=CONTINUABLE, modes=TEST_SETS
     )
     test_size: int = key(
         "Examples per test set (capped by the pool).",
         at_least=1,
         role=CONTINUABLE,
-        modes=NOT_DIAGNOSE,
+        modes=TEST_SETS,
     )
-    batch_size: int = key(
-        "Inputs decoded together.", at_least=1, role=CONTINUABLE, modes=NOT_DIAGNOSE
-    )
+    batch_size: int = key("Inputs decoded together.", at_least=1, role=CONTINUABLE, modes=TEST_SETS)
     adapter: Any = key(
         "The PEFT adapter that mode=eval, search and export load; null: the frozen base model.",
         role=CONTINUABLE,
@@ -54,14 +60,14 @@ class EvalSchema:
     score_rewards: bool = key(
         "Also score every test output with the frozen reference's rewards.",
         role=CONTINUABLE,
-        modes=NOT_DIAGNOSE,
+        modes=TEST_SETS,
     )
     test_set_drawing: str = key(
         "`disjoint`: sets of different seeds share no example; `seed_plus_index`: the drawing "
         "before 2026-11-27.",
         choices=TEST_SET_DRAWINGS,
         role=CONTINUABLE,
-        modes=NOT_DIAGNOSE,
+        modes=TEST_SETS,
         recorded_default="seed_plus_index",
     )
     sampler_seeds: list[int] = key(
@@ -87,32 +93,32 @@ class SearchSchema:
     method: str = key(
         "mode=search: Sample-Rerank, Full IS or Full SMC.",
         choices=SEARCH_METHODS,
-        modes=NOT_DIAGNOSE,
+        modes=SEARCHING,
     )
-    particles: int = key("Particles (samples) per input.", at_least=1, modes=NOT_DIAGNOSE)
+    particles: int = key("Particles (samples) per input.", at_least=1, modes=PARTICLES)
     potential: str | None = key(
         "The expensive potential Φ; null: the paper's pairing (rerank/is: reverse, smc: task).",
         choices=SEARCH_POTENTIALS,
-        modes=NOT_DIAGNOSE,
+        modes=PARTICLES,
     )
     ess_threshold: float = key(
         "smc resamples when ESS < ess_threshold · particles.",
         at_least=0,
         at_most=1,
-        modes=NOT_DIAGNOSE,
+        modes=SEARCHING,
     )
     temperature: float = key(
-        "Proposal temperature (the weights stay exact: p/q).", above=0, modes=NOT_DIAGNOSE
+        "Proposal temperature (the weights stay exact: p/q).", above=0, modes=PARTICLES
     )
     batch_size: int = key(
-        "Prompts decoded together, each with `particles` rows.", at_least=1, modes=NOT_DIAGNOSE
+        "Prompts decoded together, each with `particles` rows.", at_least=1, modes=SEARCHING
     )
     posterior_draws: int = key(
-        "Draws for the posterior-weighted metric; 0: skip.", at_least=0, modes=NOT_DIAGNOSE
+        "Draws for the posterior-weighted metric; 0: skip.", at_least=0, modes=SEARCHING
     )
     greedy_baseline: bool = key(
         "Also decode the same examples greedily: the cost relative to one greedy pass.",
-        modes=NOT_DIAGNOSE,
+        modes=SEARCHING,
     )
 
 

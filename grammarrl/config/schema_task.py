@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grammarrl.config.keys import BOOKKEEPING, NOT_DIAGNOSE, key
+from grammarrl.config.keys import BOOKKEEPING, NOT_DIAGNOSE, ROLLOUTS, key
 
 MODEL_SOURCES = ("hub", "embedded", "tiny")
 MODEL_DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # model.dtype: torch's names
@@ -52,6 +52,7 @@ class TaskSchema:
     sigmas: dict[str, dict[str, list[float]]] = key(
         "The paper's σ table: model -> `nN_bB` -> [σ_direct, σ_reverse]; {}: calibrate.",
         default_factory=dict,
+        modes=ROLLOUTS,
     )
     # task=custom only (conf/task/custom.yaml documents them; grammarrl/tasks/custom.py)
     spec: Any = key("task=custom: a YAML file holding any of the task's keys.", default=None)
