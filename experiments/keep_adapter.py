@@ -3,15 +3,17 @@
     python -m experiments.keep_adapter copy ADAPTER_DIR DEST_DIR     # bf16 weights + config
     git add -f DEST_DIR && git commit -m "..."                        # the weights enter history
     python -m experiments.keep_adapter record DEST_DIR --what "..."  # its manifest entry
-    git rm --cached DEST_DIR/adapter_model.safetensors && git commit -m "..." -- DEST_DIR \\
-        experiments/results/adapters.json                            # and leave the tree
+    git rm --cached DEST_DIR/adapter_model.safetensors
+    git add experiments/results/adapters.json && git commit -m "..."  # and leave the tree
 
+(commit the index, not paths: `git commit -- PATH` would add the weights file back from disk.)
 `copy` writes DEST_DIR/adapter_model.safetensors with every floating tensor rounded to
 bfloat16 (half the float32 size; PEFT loads it into the LoRA layers' own dtype), beside the
-adapter's small files (adapter_config.json, ...). `record` adds (or replaces) the weights file's
-entry in `experiments/results/adapters.json` from the commit that holds it (HEAD): its blob,
-SHA-256 and size, so that `make adapters` restores it. Outputs decoded with the bfloat16 copy
-can differ slightly from the float32 adapter the training run evaluated.
+adapter's `adapter_config.json` (PEFT's generated model card is left out: it names this
+machine's cache path). `record` adds (or replaces) the weights file's entry in
+`experiments/results/adapters.json` from the commit that holds it (HEAD): its blob, SHA-256 and
+size, so that `make adapters` restores it. Outputs decoded with the bfloat16 copy can differ
+slightly from the float32 adapter the training run evaluated.
 """
 
 from __future__ import annotations
@@ -29,16 +31,16 @@ from safetensors.torch import load_file, save_file
 from experiments.restore_adapters import MANIFEST, sha256
 
 WEIGHTS = "adapter_model.safetensors"
+CONFIG = "adapter_config.json"
 
 
 def copy_bf16(adapter: Path, dest: Path) -> Path:
     """The adapter's files in `dest`, its weights rounded to bfloat16."""
-    if not (adapter / WEIGHTS).is_file():
-        raise SystemExit(f"error: {adapter / WEIGHTS} does not exist (not a saved adapter)")
+    for name in (WEIGHTS, CONFIG):
+        if not (adapter / name).is_file():
+            raise SystemExit(f"error: {adapter / name} does not exist (not a saved adapter)")
     dest.mkdir(parents=True, exist_ok=True)
-    for path in adapter.iterdir():
-        if path.is_file() and path.name != WEIGHTS:
-            shutil.copy2(path, dest / path.name)
+    shutil.copy2(adapter / CONFIG, dest / CONFIG)
     tensors = {
         name: t.to(torch.bfloat16) if t.is_floating_point() else t
         for name, t in load_file(adapter / WEIGHTS).items()

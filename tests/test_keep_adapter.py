@@ -25,6 +25,7 @@ def test_an_adapter_kept_in_bf16_is_restored_from_its_recorded_entry(tmp_path):
     weights = {"lora_A": torch.randn(4, 8), "steps": torch.tensor([3])}
     save_file(weights, adapter / WEIGHTS)
     (adapter / "adapter_config.json").write_text('{"r": 4}')
+    (adapter / "README.md").write_text("base_model: /home/someone/.cache/model")
     repo = tmp_path / "repo"
     (repo / "experiments" / "results").mkdir(parents=True)
     manifest = repo / "experiments" / "results" / "adapters.json"
@@ -49,6 +50,7 @@ def test_an_adapter_kept_in_bf16_is_restored_from_its_recorded_entry(tmp_path):
     assert kept["lora_A"].dtype == torch.bfloat16 and kept["steps"].dtype == torch.int64
     assert torch.equal(kept["lora_A"], weights["lora_A"].to(torch.bfloat16))
     assert (dest / "adapter_config.json").read_text() == '{"r": 4}'
+    assert sorted(p.name for p in dest.iterdir()) == ["adapter_config.json", WEIGHTS]
     with pytest.raises(SystemExit, match="HEAD"):  # not committed yet
         record(dest, "a test adapter", repo)
 
