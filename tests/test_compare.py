@@ -341,9 +341,9 @@ def drop_from_first_row(*keys: str) -> Callable[[Path], None]:
 @pytest.mark.parametrize(
     ("spoil", "message"),
     [
-        (spoil_score, "set 1, draw 0: micro-F1 0.800000000000 from the predictions' counts"),
+        (spoil_score, "set 1, draw 0: micro_f1 0.800000000000 from the predictions' counts"),
         (lambda run: (run / "predictions.jsonl").unlink(), "cannot read its predictions"),
-        (drop_from_first_row("scores", "fp"), "1 rows without tp/fp/fn counts for greedy"),
+        (drop_from_first_row("scores", "fp"), "1 rows without per-example counts for greedy"),
         (drop_from_first_row("uid"), "malformed results or predictions (KeyError: 'uid')"),
     ],
 )
