@@ -157,7 +157,7 @@ def _overlaps(pool: Pool, names: dict[SetId, str]) -> list[dict[str, Any]]:
     ]
 
 
-def _order(system: PooledSystem) -> tuple[bool, bool, str]:
+def system_order(system: PooledSystem) -> tuple[bool, bool, str]:
     """Frozen weights first, deterministic decoding before search, then by label."""
     return dict(system.key)["weights"] != "frozen", not system.deterministic, system.label
 
@@ -169,7 +169,7 @@ def comparison(
     metric = one_metric(evals)
     pool = collect(evals)
     names = _set_order(pool)
-    systems = sorted(relabel(list(pool.systems.values()), labels), key=_order)
+    systems = sorted(relabel(list(pool.systems.values()), labels), key=system_order)
     refs = _references(systems, references)
     summaries = []
     for system in systems:

@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from experiments.compare import comparison, comparison_table
+from experiments.compare import comparison, comparison_table, system_order
 from experiments.frontier import frontier_plots
 from experiments.intervals import RESAMPLES, SEED
 from experiments.paired import Counts, paired_interval
+from experiments.pool import collect
 from experiments.results_files import read_rows, source
 from experiments.runs import AggregationError, Evaluation, load_sweep
 from experiments.table_format import to_markdown
@@ -157,10 +158,11 @@ def task_outcome(name: str, predicted: dict[str, Any], runs: Path, out: Path) ->
     """One task's comparison files under `out/<name>/` and its outcomes (module docstring)."""
     evals = load_sweep([runs]).evaluations()
     by_source = {source(ev): ev for ev in evals}
-    systems = _systems(comparison(evals))
+    pooled = sorted(collect(evals).systems.values(), key=system_order)  # comparison's order
+    systems = _systems({"systems": [{"key": dict(p.key), "label": p.label} for p in pooled]})
     wanted = ("frozen greedy", "GrammarRL greedy", "Full IS(10)")
     refs = [systems[w]["label"] for w in wanted if systems[w] is not None]
-    data = comparison(evals, refs)
+    data = comparison(evals, refs)  # the one bootstrap, against these references
     systems = _systems(data)
     (out / name).mkdir(parents=True, exist_ok=True)
     (out / name / "comparison.md").write_text(to_markdown(comparison_table(data)))
