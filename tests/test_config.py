@@ -105,7 +105,7 @@ def test_every_trainer_argument_lightning_takes_is_accepted():
         ("+trainer.default_root_dir=/x", "itself; use hydra.run.dir"),
         ("+trainer.plugins=[]", "itself; use trainer.precision"),
         ("+trainer.enable_checkpointing=false", "itself; use train.checkpoint_every_n_steps"),
-        ("+trainer.callbacks=[]", "this key is now callbacks"),
+        ("+trainer.callbacks=[]", "itself; use callbacks (the top-level group"),
     ],
 )
 def test_trainer_arguments_grammarrl_sets_or_misspelt_are_refused(override, message):

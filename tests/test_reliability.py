@@ -283,12 +283,11 @@ def test_a_run_recorded_before_keys_moved_is_still_skipped(tmp_path, caplog):
     config["optim"]["grad_clip"] = trainer.pop("gradient_clip_val")
     for key in ("val_size", "val_at_start", "checkpoint_every_n_steps"):
         trainer[key] = train.pop(key)
-    trainer["callbacks"] = config.pop("callbacks")
     for key in rundir.TRAINER_BEFORE:
         del trainer[key]
     for key in rundir.ADDED:
         *parents, leaf = key.split(".")
-        functools.reduce(dict.get, parents, config).pop(leaf, None)  # callbacks: moved above
+        functools.reduce(dict.get, parents, config).pop(leaf, None)
     del train["seed"]
     del config["reward"]["calibration_seed"]
     write_json(tmp_path / "job.json", record)

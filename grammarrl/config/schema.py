@@ -124,6 +124,7 @@ TRAINER_SET = {
     "default_root_dir": "hydra.run.dir (the run directory)",
     "plugins": "trainer.precision for mixed precision (the checkpoint I/O plugin is GrammarRL's)",
     "enable_checkpointing": "train.checkpoint_every_n_steps (resuming needs the checkpoints)",
+    "callbacks": "callbacks (the top-level group: callbacks.<name>._target_)",
 }
 # Keys that moved (old name -> name now): an override of the old name says where it went, and
 # configs recorded before are read under the names of now (`rundir.current_names`).
@@ -133,5 +134,4 @@ MOVED = {
     "trainer.val_size": "train.val_size",
     "trainer.val_at_start": "train.val_at_start",
     "trainer.checkpoint_every_n_steps": "train.checkpoint_every_n_steps",
-    "trainer.callbacks": "callbacks",
 }

@@ -168,5 +168,4 @@ class DiagnoseSchema:
         "(fixed seed).",
         at_least=1,
         modes=DIAGNOSE,
-        recorded_default=200,
     )
