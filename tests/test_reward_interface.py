@@ -4,7 +4,6 @@ reward as the shipped second one, and the docs' example working as written."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -20,7 +19,6 @@ from grammarrl.decoding import Generation
 from grammarrl.diagnosis.candidates import decoded_group
 from grammarrl.errors import ConfigError
 from grammarrl.models.chat import encode_prompt, end_of_turn_id
-from grammarrl.models.loading import add_lora
 from grammarrl.rl.calibration import CalibrationSettings
 from grammarrl.rl.length_normalised import LengthNormalisedReward
 from grammarrl.rl.reward import BidirectionalReward, Reward, reward_class
@@ -29,21 +27,11 @@ from grammarrl.rl.rloo import combine_rewards, grammarrl_loss, rloo_advantages
 from grammarrl.run import dispatch
 from grammarrl.runs.rundir import current_names
 from grammarrl.tasks import load_task
-from grammarrl.training.module import GrammarRLModule
-from grammarrl.training.settings import StepSettings
 from grammarrl.types import Example
 from tests.conftest import REPO, compose_config, train_in
+from tests.support.steps import STEP, step_module
 
 LENGTH_NORMALISED = "grammarrl.rl.length_normalised.LengthNormalisedReward"
-STEP = [
-    "model=tiny",
-    "task=conll",
-    "data.dir=null",
-    "logger=none",
-    "task.max_new_tokens=24",
-    "rollout.num_samples=3",
-    "rollout.beam_width=2",
-]
 
 
 def test_the_default_reward_is_the_papers_and_each_option_names_a_reward():
@@ -119,16 +107,6 @@ def test_length_normalised_direct_term_is_r_direct_over_the_output_length(tiny):
     assert torch.equal(normalised.ref_logp, plain.ref_logp)
 
 
-def _module(tiny, overrides: list[str]) -> tuple[GrammarRLModule, list]:
-    cfg = compose_config([*STEP, *overrides])
-    torch.manual_seed(0)
-    policy = add_lora(copy.deepcopy(tiny[0]), cfg.lora)
-    task = load_task(cfg)
-    module = GrammarRLModule(policy, tiny[1], task, StepSettings.from_config(cfg, 0.7, 0.3))
-    module.setup("fit")
-    return module, task.splits().train[:3]
-
-
 # The losses of the two steps below, recorded on the code before the reward became a component
 # (commit 051c1dd, on an Intel Xeon with AMX): the same module (STEP, σ's 0.7 and 0.3,
 # train[:3]), `step_loss` twice with an AdamW step at lr 1e-2 between them. Another CPU's
@@ -141,7 +119,7 @@ def test_the_default_rloo_step_is_the_bidirectional_reward_explicitly(tiny):
     """RLOO's tokens, rewards and loss under the default reward: those of R_direct and R_reverse
     computed by a reference scorer of their own and mixed by λ and the σ's, and the losses
     recorded before the reward became a component."""
-    module, batch = _module(tiny, [])
+    module, batch = step_module(tiny, [])
     optimiser = torch.optim.AdamW(
         [p for p in module.policy.parameters() if p.requires_grad], lr=1e-2
     )
@@ -177,7 +155,7 @@ def test_the_default_rloo_step_is_the_bidirectional_reward_explicitly(tiny):
 
 
 def test_an_rloo_step_with_the_length_normalised_reward(tiny):
-    module, batch = _module(tiny, ["reward=length_normalised"])
+    module, batch = step_module(tiny, ["reward=length_normalised"])
     assert isinstance(module.reward, LengthNormalisedReward)
     step = module.step_loss(batch)
     out = step.rollouts

@@ -248,7 +248,7 @@ def _check_combinations(cfg: DictConfig, typed: dict[str, Any]) -> None:
     # a dev-only training run draws no test set: no test evaluation of any kind
     if cfg.mode == "train":
         _check_eval_test(typed["train"])
-        _check_proposal(typed["train"])
+        _check_objective(typed["train"])
     # eval.adapter belongs to the modes that load it
     _check_adapter(cfg.mode, typed["eval"].adapter)
     _check_devices(cfg)  # trainer.accelerator against device
@@ -291,12 +291,19 @@ def _check_eval_test(train: Any) -> None:
         )
 
 
-def _check_proposal(train: Any) -> None:
-    """`train.proposal` chooses who draws amortised IS's particles: RLOO has none to draw."""
+def _check_objective(train: Any) -> None:
+    """Each objective's own keys: `train.proposal` chooses who draws amortised IS's particles
+    (RLOO has none to draw); `train.pairwise_weight` acts on RLOO's groups (amortised IS has
+    none)."""
     if train.proposal != "policy" and train.objective != "amortised_is":
         raise ConfigError(
             f"train.proposal={train.proposal} applies to train.objective=amortised_is only "
             f"(this run: train.objective={train.objective}, whose rollouts the policy draws)"
+        )
+    if train.pairwise_weight > 0 and train.objective != "rloo":
+        raise ConfigError(
+            f"train.pairwise_weight={train.pairwise_weight} applies to train.objective=rloo only "
+            f"(this run: train.objective={train.objective}, which draws no RLOO groups)"
         )
 
 

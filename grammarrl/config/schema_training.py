@@ -150,6 +150,20 @@ class TrainSchema:
         modes=TRAINING,
         recorded_default="policy",
     )
+    pairwise_weight: float = key(
+        "RLOO plus this weight times an IPO loss of each group's highest- against its "
+        "lowest-reward candidate (log-ratios against π_ref; grammarrl/rl/preference.py); 0: off.",
+        at_least=0,
+        modes=TRAINING,
+        recorded_default=0.0,
+    )
+    pairwise_tau: float = key(
+        "IPO's τ for train.pairwise_weight: the best-minus-worst log-ratio margin sought is "
+        "1/(2τ).",
+        above=0,
+        modes=TRAINING,
+        recorded_default=0.1,
+    )
     init_adapter: Any = key(
         "A saved PEFT adapter directory to start training from; null: a fresh LoRA adapter.",
         modes=NOT_DIAGNOSE,

@@ -85,6 +85,11 @@ def rloo_metrics(step: StepOutputs, identical: torch.Tensor) -> dict[str, torch.
         ).mean(),
         "train/log_valid_mass": valid_mean(sums("log_allowed_mass")),
         "train/kl_grammar": valid_mean(sums("logp_constrained") - out.ref_logp.to(device)),
+        **{  # train.pairwise_weight > 0: the IPO term, its mean margin, the groups with a pair
+            f"train/{name.replace('/', '_')}": value
+            for name, value in step.parts.items()
+            if "pairwise" in name
+        },
     }
 
 

@@ -1,5 +1,7 @@
 """One RLOO step up to its loss (`train.objective=rloo`, the paper): rollout groups scored with
-the reward (`reward._target_`) by the frozen reference, RLOO advantages, the GrammarRL loss."""
+the reward (`reward._target_`) by the frozen reference, RLOO advantages, the GrammarRL loss; with
+`train.pairwise_weight` > 0, plus that weight times the IPO loss of each group's best against its
+worst candidate (`grammarrl.rl.preference`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grammarrl.rl.preference import ipo_loss
 from grammarrl.rl.rloo import grammarrl_loss, kl_shaped_rewards, rloo_advantages
 from grammarrl.rl.rollout import RolloutBatch, collect_rollouts
 from grammarrl.runs.timing import clock
@@ -67,4 +70,7 @@ def rloo_step_loss(
         shaped, beta = kl_shaped_rewards(rewards, own, ref_logp, beta), 0.0
     advantages = rloo_advantages(shaped, out.valid).to(logp.device)
     loss, parts = grammarrl_loss(logp, ref_logp, advantages, beta, out.valid)
+    if settings.pairwise_weight > 0:  # ranked by the task reward; the KL acts through π_ref
+        pairwise, pair_parts = ipo_loss(logp, ref_logp, rewards, out.valid, settings.pairwise_tau)
+        loss, parts = loss + settings.pairwise_weight * pairwise, {**parts, **pair_parts}
     return StepOutputs(out, rewards, advantages, logp, loss, parts, seconds)

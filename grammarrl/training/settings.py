@@ -40,6 +40,10 @@ class StepSettings:
     share_prefix: bool  # train.share_prefix
     gradient_checkpointing: bool  # train.gradient_checkpointing
     policy_dropout: bool  # train.policy_dropout
+    pairwise_weight: (
+        float  # train.pairwise_weight: the IPO best-against-worst term's weight; 0: off
+    )
+    pairwise_tau: float  # train.pairwise_tau: IPO's τ (the margin sought is 1/(2τ))
     amortised: AmortisedSettings | None = None  # train.objective=amortised_is; None: RLOO
 
     @classmethod
@@ -68,5 +72,7 @@ class StepSettings:
             share_prefix=cfg.train.share_prefix,
             gradient_checkpointing=cfg.train.gradient_checkpointing,
             policy_dropout=cfg.train.policy_dropout,
+            pairwise_weight=float(cfg.train.pairwise_weight),
+            pairwise_tau=float(cfg.train.pairwise_tau),
             amortised=amortised,
         )
