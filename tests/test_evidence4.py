@@ -4,11 +4,23 @@ changed from Evidence II's RLOO run in one place, and its rule that stops a run 
 from __future__ import annotations
 
 import csv
+import json
 
+import pytest
 from omegaconf import OmegaConf
 
 from experiments import jobs
-from tests.conftest import compose_config, train_in
+from tests.conftest import REPO, compose_config, train_in
+
+LENGTH_NORMALISED = "grammarrl.rl.length_normalised.LengthNormalisedReward"
+
+
+def _calibrated() -> dict:
+    (entry,) = json.loads((REPO / "experiments/results/evidence4/calibration.json").read_text())[
+        "conll/smollm2/n3_b3"
+    ]
+    assert entry["reward"] == LENGTH_NORMALISED
+    return entry
 
 
 def _pilot() -> dict[str, object]:
@@ -25,6 +37,10 @@ def _pilot() -> dict[str, object]:
         assert (cfg.trainer.max_steps, cfg.trainer.val_check_interval) == (360, 120)
         assert (cfg.train.val_size, cfg.train.eval_test, cfg.kl_penalty) == (200, False, "reward")
         assert cfg.callbacks.stop_if_empty.monitor == "val/dev_empty_field_rate"
+        if cfg.reward._target_ == LENGTH_NORMALISED:  # its own σ's: those its diagnosis calibrated
+            assert cfg.reward.sigma_direct == pytest.approx(_calibrated()["sigma_direct"])
+        else:
+            assert (cfg.reward.sigma_direct, cfg.reward.sigma_reverse) == (0.7079, 0.2268)
     return found
 
 
@@ -34,6 +50,7 @@ def test_the_pilot_runs_each_route_changed_in_one_place():
         "balanced": (0.625, 0, 0.0, bidirectional),
         "balanced_seed1": (0.625, 1, 0.0, bidirectional),
         "pairwise": (0.75, 0, 0.1, bidirectional),
+        "length_normalised": (0.75, 0, 0.0, LENGTH_NORMALISED),
     }
 
 

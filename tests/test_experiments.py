@@ -485,7 +485,7 @@ JOB_COUNTS = {  # the sweeps whose size is fixed: the paper's grids and their CP
     "inference_time_cpu": 5,
     "evidence_conll_cpu": 5,
     "evidence_gloss_cpu": 5,
-    "evidence4_pilot_cpu": 3,
+    "evidence4_pilot_cpu": 4,
 }
 
 
