@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.runs import AggregationError, Evaluation, Run
+from experiments.runs import AggregationError, Evaluation, Run, read_jsonl
 from grammarrl.evaluation import curves
 from grammarrl.rl.calibration import calibration_key, entries
 from grammarrl.runs.results import mean_std
@@ -21,8 +21,7 @@ def read_predictions(ev: Evaluation) -> list[dict[str, Any]]:
     path = ev.predictions
     if not path.is_file():
         raise AggregationError(f"{path}: predictions file missing for {ev.run.path / ev.name}.json")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 def per_set_mean(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from experiments.intervals import COUNTED_METRICS, item_counts, micro_f1
-from experiments.runs import AggregationError, Evaluation
+from experiments.runs import AggregationError, Evaluation, read_jsonl
 from grammarrl.data.sources import relative_uid
 from grammarrl.tasks.conll import FIELDS, output_fields
 from grammarrl.tasks.metrics import entity_prf
@@ -32,8 +32,7 @@ def read_rows(ev: Evaluation) -> list[dict[str, Any]]:
     """The predictions rows of a results file; an error naming it when they are missing."""
     path = ev.predictions
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        rows = [json.loads(line) for line in lines if line.strip()]
+        rows = read_jsonl(path)
     except OSError as err:
         raise AggregationError(
             f"{source(ev)}: cannot read its predictions {os.path.relpath(path)} ({err.strerror})"

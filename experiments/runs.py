@@ -12,6 +12,7 @@ evaluation: its results.json holds no scores and becomes no `Evaluation` (`Run.u
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -32,6 +33,16 @@ GRAMMARRL = "grammarrl"
 NO_RESULTS_MODES = ("prepare", "calibrate")  # modes whose output is not a results file
 NO_TEST = "no test evaluation (train.eval_test=false)"  # how listings name a dev-only run
 METRIC_LABELS = {"micro_f1": "micro-F1", "bleu": "BLEU", "hierarchical_f1": "hier. F1"}
+
+
+COMPRESSED = ".gz"  # a committed predictions file may be gzip-compressed
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file, read through gzip when its name ends in `.gz`."""
+    opener = gzip.open if path.suffix == COMPRESSED else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 class AggregationError(RuntimeError):
@@ -110,7 +121,11 @@ class Evaluation:
 
     @property
     def predictions(self) -> Path:
-        return self.run.path / predictions_name(self.name)
+        """The predictions file; its gzip-compressed copy where only that is there (committed
+        search runs keep their particles as `predictions.jsonl.gz`)."""
+        plain = self.run.path / predictions_name(self.name)
+        packed = plain.with_name(plain.name + COMPRESSED)
+        return packed if packed.is_file() and not plain.is_file() else plain
 
     def summary(self, num_sets: int | None = None) -> tuple[float, float]:
         """(mean, std) over the test sets, as in results.json; over the first `num_sets` sets

@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from experiments.runs import read_jsonl
 from grammarrl.decoding.smc import ParticleSet
 from grammarrl.decoding.types import Generation
 from grammarrl.job import compose_job_config
@@ -57,8 +58,8 @@ def search_files() -> list[Path]:
     listed = subprocess.run(
         ["git", "ls-files", str(RESULTS)], capture_output=True, text=True, check=True
     ).stdout.split()
-    files = [Path(p) for p in listed if p.endswith("predictions.jsonl")]
-    return sorted(p for p in files if "particles" in json.loads(p.open().readline()))
+    files = [Path(p) for p in listed if p.endswith(("predictions.jsonl", "predictions.jsonl.gz"))]
+    return sorted(p for p in files if "particles" in read_jsonl(p)[0])
 
 
 def particle_set(particles: list[dict[str, Any]], zero_truncated: bool) -> ParticleSet:
@@ -134,7 +135,7 @@ def selection_changes(
 
 
 def audit_file(path: Path) -> dict[str, Any]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = read_jsonl(path)
     results = json.loads(path.with_name("results.json").read_text())
     old = [particle_set(row["particles"], False) for row in rows]
     new = [particle_set(row["particles"], True) for row in rows]

@@ -362,3 +362,21 @@ def test_results_of_different_metrics_are_not_pooled(tmp_path: Path, capsys):
     assert agg.main(["compare", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert "different metrics" in error and "seed1/results.json" in error
+
+
+def test_a_gzip_compressed_predictions_file_compares_as_the_plain_one(tmp_path: Path):
+    """Committed search runs keep their particles as predictions.jsonl.gz: read through gzip,
+    the comparison is the same, number for number."""
+    import gzip
+    import shutil
+
+    draws = [[ONE, POINT_EIGHT], [HALF, POINT_EIGHT], [ZERO, HALF]]
+    write_run(tmp_path / "runs", "rerank", [uids("X"), uids("Y")], {"rerank": draws}, new=True)
+    _, plain, _ = run_compare(tmp_path)
+    (predictions,) = (tmp_path / "runs").rglob("predictions.jsonl")
+    with predictions.open("rb") as src, gzip.open(f"{predictions}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    predictions.unlink()
+    _, packed, _ = run_compare(tmp_path)
+    assert system(packed, "Sample-Rerank(4)")["sets"] == system(plain, "Sample-Rerank(4)")["sets"]
+    assert packed["systems"] == plain["systems"]
