@@ -53,10 +53,7 @@ def _old_trainer(config: Mapping[str, Any]) -> bool:
 
 
 ENTRIES = {
-    **{
-        f"MOVED {old}": (lambda c, old=old: _holds(c, old), new)
-        for old, new in MOVED.items()
-    },
+    **{f"MOVED {old}": (lambda c, old=old: _holds(c, old), new) for old, new in MOVED.items()},
     **{
         f"TRAINER_BEFORE {name}": (_old_trainer, f"trainer.{name}")
         for name in rundir.TRAINER_BEFORE
