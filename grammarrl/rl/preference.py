@@ -33,10 +33,11 @@ def ipo_loss(
     """Mean over the groups with a pair of (h − 1/(2τ))², h = [log π_θ − log π_ref](best) −
     [log π_θ − log π_ref](worst) (IPO, Azar et al. 2024); 0 when no group has one. Shapes
     [prompts, candidates]; rewards and the reference carry no gradient."""
-    best, worst, paired = best_and_worst(rewards.detach(), valid)
-    ratio = policy_logp - ref_logp.detach().to(policy_logp.device)
+    device = policy_logp.device  # the rollouts' rewards may live on another (the reference's)
+    best, worst, paired = best_and_worst(rewards.detach().to(device), valid)
+    ratio = policy_logp - ref_logp.detach().to(device)
     margin = ratio.gather(-1, best[..., None]) - ratio.gather(-1, worst[..., None])
-    margin = margin.squeeze(-1)[paired.to(policy_logp.device)]
+    margin = margin.squeeze(-1)[paired]
     if margin.numel() == 0:
         zero = policy_logp.sum() * 0.0  # keeps the graph: backward works on a step without pairs
         return zero, {"loss/pairwise": zero.detach(), "pairwise/groups": zero.detach()}
