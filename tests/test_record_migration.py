@@ -42,10 +42,7 @@ def _holds(config: Mapping[str, Any], key: str) -> bool:
 
 
 def _compared(key: str, mode: str) -> bool:
-    return not any(
-        key == p or key.startswith(f"{p}.")
-        for p in (*rundir.BOOKKEEPING, *rundir.MODE_UNUSED[mode])
-    )
+    return not rundir._under(key, (*rundir.BOOKKEEPING, *rundir.MODE_UNUSED[mode]))
 
 
 def _old_trainer(config: Mapping[str, Any]) -> bool:

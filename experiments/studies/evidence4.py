@@ -69,15 +69,18 @@ def pilot_rows(
     if ADAPTER_360 not in reference:
         raise AggregationError(f"the reference outputs need step {ADAPTER_360} (its adapter)")
     rows: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
     for label, run in routes.items():
         for row in comparison_rows(run, label, golds, reference):
-            if row["run"] != label:  # the reference's rows: the same for every route
-                if not any(r["run"] == row["run"] and r["step"] == row["step"] for r in rows):
-                    row[EMPTY] = _empty_rate(reference[row["step"]], 0, golds)
-                    rows.append(row)
+            if (row["run"], row["step"]) in seen:  # the reference's rows come with every route
                 continue
-            row["vs_adapter_360"] = paired_dev_interval(run, reference[ADAPTER_360], row["step"], 0)
-            row[EMPTY] = _empty_rate(run, row["step"], golds)
+            seen.add((row["run"], row["step"]))
+            if row["run"] == label:
+                folder, at = run, row["step"]
+                row["vs_adapter_360"] = paired_dev_interval(run, reference[ADAPTER_360], at, 0)
+            else:  # a reference row: its folder's step-0 record
+                folder, at = reference[row["step"]], 0
+            row[EMPTY] = _empty_rate(folder, at, golds)
             rows.append(row)
     return rows
 

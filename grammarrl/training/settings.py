@@ -40,9 +40,7 @@ class StepSettings:
     share_prefix: bool  # train.share_prefix
     gradient_checkpointing: bool  # train.gradient_checkpointing
     policy_dropout: bool  # train.policy_dropout
-    pairwise_weight: (
-        float  # train.pairwise_weight: the IPO best-against-worst term's weight; 0: off
-    )
+    pairwise_weight: float  # train.pairwise_weight: the IPO term's weight; 0: off
     pairwise_tau: float  # train.pairwise_tau: IPO's τ (the margin sought is 1/(2τ))
     amortised: AmortisedSettings | None = None  # train.objective=amortised_is; None: RLOO
 
