@@ -61,12 +61,16 @@ def _find(data: dict[str, Any], **wanted: Any) -> dict[str, Any] | None:
 
 
 def _systems(data: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
-    """The study's systems (plan.yaml, "Systems on each test draw") in one task's comparison."""
+    """The study's systems (plan.yaml, "Systems on each test draw") in one task's comparison.
+    GrammarRL greedy is the task's training run where it has one (the pre-registered run; an
+    adapter evaluated on its own, such as a retrained proposal's, does not replace it), else
+    the adapter evaluated greedily (CoNLL's committed adapter)."""
     trained = ("trained", "adapter")
     found = {
         "frozen greedy": _find(data, weights="frozen", decoding="greedy"),
         "frozen beam(3)": _find(data, weights="frozen", decoding="beam", beam_width=3),
-        "GrammarRL greedy": _find(data, weights=trained, decoding="greedy"),
+        "GrammarRL greedy": _find(data, weights="trained", decoding="greedy")
+        or _find(data, weights="adapter", decoding="greedy"),
         "Full IS(3), trained proposal": _find(
             data, weights=trained, method="is", selection="is", particles=3
         ),

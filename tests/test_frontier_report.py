@@ -16,6 +16,7 @@ from experiments.frontier_report import (
     _field_counts,
     _fields,
     _judge,
+    _systems,
     main,
     outcomes_markdown,
     report,
@@ -56,6 +57,13 @@ def test_conll_outputs_are_read_by_their_four_fields():
         "misc": "",
     }
     assert _fields("wos_parent", "CS") == {} and _fields("x", None) == {}
+
+
+def test_grammarrl_greedy_is_the_training_run_even_beside_an_adapter_evaluated_alone():
+    adapter = {"key": {"weights": "adapter", "decoding": "greedy"}, "label": "adapter greedy"}
+    trained = {"key": {"weights": "trained", "decoding": "greedy"}, "label": "trained greedy"}
+    assert _systems({"systems": [adapter, trained]})["GrammarRL greedy"] is trained
+    assert _systems({"systems": [adapter]})["GrammarRL greedy"] is adapter
 
 
 def test_a_prediction_is_borne_out_by_where_the_interval_lies():
