@@ -247,7 +247,8 @@ def eval_batching(bench: Bench, task_name: str, batch_size: int = 8) -> BenchRes
     lengths = {"batched": [n for _, n in outputs[0]], "batch_1": [n for _, n in outputs[1]]}
     per_token = max(s - prefill, 0.0) / max(sum(lengths["batch_1"]), 1)
     growth = decode_step_growth(model, max(prompts, key=len), batch_size)
-    reachable = s / (prefill + per_token * growth["ratio"] * max(lengths["batched"]))
+    # Rounded once, so that the goal is 0.9 x the ratio the record shows.
+    reachable = round(s / (prefill + per_token * growth["ratio"] * max(lengths["batched"])), 4)
     return BenchResult(
         name=f"eval_batching/{task_name}",
         ratio=s / b,
@@ -262,7 +263,7 @@ def eval_batching(bench: Bench, task_name: str, batch_size: int = 8) -> BenchRes
             "prefill_s": timing["prefill"],
             "output_tokens": lengths,
             "prefill_share": round(prefill / s, 4),
-            "reachable_ratio": round(reachable, 4),
+            "reachable_ratio": reachable,
             "decode_step_growth": growth,
             "goal_is": "0.9 x reachable_ratio (prefill cannot be batched away)",
             # bfloat16 rounds differently at another batch shape, so a near-tie arg-max
