@@ -15,7 +15,9 @@ task, each prediction beside what was measured on the task's test draw:
 - blind fields: each field's F1 change, trained − frozen greedy (paired interval); a blind field
   is borne out when the interval does not lie above 0; undecided fields are shown, not judged;
 - the search systems: trained greedy against Sample-Rerank(10) and Full IS(10), and Full IS(3)
-  with the trained proposal against Full IS(10) with the frozen one, with their cost ratios.
+  with the trained proposal against Full IS(10) with the frozen one, with their cost ratios;
+- what the dtype alone moves: each run under `FOLDER/dtype_check/<task>/<system>_<dtype>`
+  against `FOLDER/runs/<task>/<system>` (`experiments.dtype_check`; also `dtype_check.json`).
 
 A task whose runs are not all in yet shows what is there and "not run" for the rest. The
 write-up beside FOLDER (`frontier.md`) holds the same tables between the lines `BEGIN` and `END`
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from experiments.compare import comparison, comparison_table, system_order
+from experiments.dtype_check import dtype_checks
 from experiments.frontier import frontier_plots
 from experiments.intervals import RESAMPLES, SEED
 from experiments.paired import Counts, paired_interval
@@ -218,8 +221,11 @@ def _fields_cell(outcome: dict[str, Any], names: Sequence[str], judged: bool) ->
     return "; ".join(cells)
 
 
-def outcomes_markdown(outcomes: Sequence[dict[str, Any]]) -> str:
-    """The two tables of outcomes.md: predictions against outcomes, and the search systems."""
+def outcomes_markdown(
+    outcomes: Sequence[dict[str, Any]], checks: Sequence[dict[str, Any]] = ()
+) -> str:
+    """The tables of outcomes.md: predictions against outcomes, the search systems and, where
+    there are dtype checks, what the dtype alone moves."""
     lines = [
         (
             "| task | outlook | trained − frozen greedy [95%] | borne out | empties outputs | "
@@ -264,11 +270,27 @@ def outcomes_markdown(outcomes: Sequence[dict[str, Any]]) -> str:
             f"{_cell(o['trained vs Sample-Rerank(10)'])} | {_cell(o['trained vs Full IS(10)'])} | "
             f"{ratio} | {_cell(o['IS(3) trained vs IS(10) frozen'])} |"
         )
+    if checks:
+        lines += [
+            "",
+            (
+                "| task | system | dtype: score | recorded dtype: score | difference [95%] | "
+                "outputs that differ |"
+            ),
+            "|---|---|:-:|:-:|:-:|:-:|",
+        ]
+    for c in checks:
+        lines.append(
+            f"| {c['task']} | {c['system']} | {c['dtype']}: {c['score']:.3f} | "
+            f"{c['recorded_dtype']}: {c['recorded_score']:.3f} | {_cell(c['difference'])} | "
+            f"{c['outputs_differ']} of {c['examples']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def report(folder: Path, out: Path) -> list[dict[str, Any]]:
-    """Every task with runs under `folder/runs/`, in the predictions' order; writes `out/`."""
+def report(folder: Path, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every task with runs under `folder/runs/`, in the predictions' order, and the dtype
+    checks under `folder/dtype_check/`; writes `out/`."""
     predictions = json.loads((folder.parent / "frontier-predictions.json").read_text())["tasks"]
     unknown = sorted(
         {p.name for p in (folder / "runs").iterdir() if p.is_dir()} - predictions.keys()
@@ -280,10 +302,12 @@ def report(folder: Path, out: Path) -> list[dict[str, Any]]:
         for name, predicted in predictions.items()
         if (folder / "runs" / name).is_dir()
     ]
+    checks = dtype_checks(folder / "dtype_check", folder / "runs")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "outcomes.md").write_text(outcomes_markdown(outcomes))
+    (out / "outcomes.md").write_text(outcomes_markdown(outcomes, checks))
     (out / "outcomes.json").write_text(json.dumps(outcomes, indent=1) + "\n")
-    return outcomes
+    (out / "dtype_check.json").write_text(json.dumps(checks, indent=1) + "\n")
+    return outcomes, checks
 
 
 def with_outcomes(page: str, tables: str, name: str = "the write-up") -> str:
@@ -305,10 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        outcomes = report(args.folder, args.out or args.folder / "report")
+        outcomes, checks = report(args.folder, args.out or args.folder / "report")
         if args.writeup:
             page = args.folder.parent / "frontier.md"
-            tables = outcomes_markdown(outcomes)
+            tables = outcomes_markdown(outcomes, checks)
             page.write_text(with_outcomes(page.read_text(), tables, str(page)))
     except (AggregationError, OSError) as err:
         raise SystemExit(f"error: {err}") from None
