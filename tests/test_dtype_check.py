@@ -3,27 +3,21 @@ on the committed CoNLL check (greedy in float32 against the study's bfloat16 run
 
 from __future__ import annotations
 
-import gzip
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from experiments.dtype_check import dtype_checks
-from experiments.runs import AggregationError
+from experiments.runs import AggregationError, read_jsonl
 
 FOLDER = Path(__file__).resolve().parents[1] / "experiments" / "results" / "frontier"
 
 
 def _predictions(folder: Path) -> dict[tuple[int, str], str]:
     path = folder / "predictions.jsonl"
-    text = (
-        path.read_text()
-        if path.is_file()
-        else gzip.decompress((folder / "predictions.jsonl.gz").read_bytes()).decode()
-    )
-    return {(r["set"], r["uid"]): r["prediction"] for r in map(json.loads, text.splitlines())}
+    rows = read_jsonl(path if path.is_file() else folder / "predictions.jsonl.gz")
+    return {(r["set"], r["uid"]): r["prediction"] for r in rows}
 
 
 def test_each_check_is_paired_with_its_recorded_run_and_counts_the_outputs_that_differ():
