@@ -13,22 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from experiments.paired import counts_by_set, paired_interval
-from experiments.results_files import read_rows, source
-from experiments.runs import AggregationError, Evaluation, load_sweep
-
-
-def _one_evaluation(folder: Path) -> Evaluation:
-    """The one greedy or beam evaluation recorded in a run folder."""
-    evals = load_sweep([folder]).evaluations()
-    if len(evals) != 1:
-        raise AggregationError(f"{folder}: expected one evaluation, found {len(evals)}")
-    return evals[0]
+from experiments.results_files import one_evaluation, read_rows, source
+from experiments.runs import AggregationError
 
 
 def dtype_check(check: Path, recorded: Path) -> dict[str, Any]:
     """The check run against the recorded one: both scores, the paired difference (check −
     recorded) with its 95% bootstrap over the examples, and how many outputs differ."""
-    mine, theirs = _one_evaluation(check), _one_evaluation(recorded)
+    mine, theirs = one_evaluation(check), one_evaluation(recorded)
     rows = [read_rows(ev) for ev in (mine, theirs)]
     by_key = [{(r["set"], r["uid"]): r["prediction"] for r in side} for side in rows]
     if by_key[0].keys() != by_key[1].keys():

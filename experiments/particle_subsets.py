@@ -25,12 +25,14 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 import matplotlib.pyplot as plt
 from omegaconf import OmegaConf
 
-from experiments.runs import AggregationError, read_jsonl
+from experiments.results_files import one_evaluation, read_rows
+from experiments.runs import AggregationError
 from grammarrl.decoding.smc import ParticleSet
 from grammarrl.decoding.types import Generation
 from grammarrl.evaluation.plots import save_figure
@@ -84,26 +86,25 @@ def curve(rows: list[dict[str, Any]], task: Task, methods: Sequence[str]) -> dic
     groups: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["sampler_seed"], r["set"])].append(r)
+    examples = {
+        key: [Example(r["uid"], r["input"], r["gold"]) for r in group]
+        for key, group in groups.items()
+    }
     out: dict[str, list] = {}
     for method in methods:
         out[method] = []
         for m in range(1, count + 1):
             by_set: dict[int, list[float]] = defaultdict(list)
-            for (_, set_idx), group in sorted(groups.items()):
-                examples = [Example(r["uid"], r["input"], r["gold"]) for r in group]
+            for key, group in sorted(groups.items()):
                 texts = [pick(r["particles"], method, m) for r in group]
-                by_set[set_idx].append(task.score(texts, examples).value)
-            out[method].append(_mean([_mean(v) for v in by_set.values()]))
+                by_set[key[1]].append(task.score(texts, examples[key]).value)
+            out[method].append(fmean(fmean(v) for v in by_set.values()))
     return out
 
 
 def first_reaching(points: Sequence[float], level: float) -> int | None:
     """The smallest m (1-based) whose point is at or above `level`; None if none is."""
     return next((m for m, value in enumerate(points, start=1) if value >= level), None)
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if record is None:
         raise SystemExit(f"{args.runs[0]}: no job.json or results.json to read the task from")
     task = load_task(OmegaConf.create(record["config"]))
-    rows = [row for run in args.runs for row in read_jsonl(_predictions(run))]
+    rows = [row for run in args.runs for row in read_rows(one_evaluation(run))]
     result = {
         "runs": [str(run) for run in args.runs],
         "task": task.name,
@@ -168,19 +169,11 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 
 
 def read_reference(text: str) -> tuple[str, dict[str, Any]]:
-    """`LABEL=RUN` as (label, {"run", "mean"}): the mean the run's results.json records."""
+    """`LABEL=RUN` as (label, {"run", "mean"}): the mean the run's results file records."""
     label, sep, run = text.partition("=")
-    results = Path(run) / "results.json"
-    if not sep or not results.is_file():
-        raise SystemExit(f"--reference {text}: expected LABEL=RUN with RUN/results.json")
-    return label, {"run": run, "mean": json.loads(results.read_text())["mean"]}
-
-
-def _predictions(run: Path) -> Path:
-    found = sorted(run.glob("predictions.jsonl*"))
-    if not found:
-        raise SystemExit(f"{run}: no predictions.jsonl(.gz)")
-    return found[0]
+    if not sep:
+        raise SystemExit(f"--reference {text}: expected LABEL=RUN")
+    return label, {"run": run, "mean": one_evaluation(Path(run)).results["mean"]}
 
 
 if __name__ == "__main__":

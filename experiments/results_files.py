@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from experiments.intervals import COUNTED_METRICS, item_counts, micro_f1
-from experiments.runs import AggregationError, Evaluation, read_jsonl
+from experiments.runs import AggregationError, Evaluation, load_sweep, read_jsonl
 from grammarrl.data.sources import relative_uid
 from grammarrl.tasks.conll import FIELDS, output_fields
 from grammarrl.tasks.metrics import entity_prf
@@ -26,6 +27,14 @@ Grouped = dict[tuple[int, int], dict[str, dict[str, Any]]]  # (set, draw) -> uid
 def source(ev: Evaluation) -> str:
     """The results file, relative to the working directory."""
     return os.path.relpath(ev.run.path / f"{ev.name}.json")
+
+
+def one_evaluation(folder: Path) -> Evaluation:
+    """The one evaluation (greedy, beam or search) recorded in a run folder."""
+    evals = load_sweep([folder]).evaluations()
+    if len(evals) != 1:
+        raise AggregationError(f"{folder}: expected one evaluation, found {len(evals)}")
+    return evals[0]
 
 
 def read_rows(ev: Evaluation) -> list[dict[str, Any]]:

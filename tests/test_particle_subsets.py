@@ -1,6 +1,7 @@
 """Search quality against particle count from recorded particles (experiments.particle_subsets)."""
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -81,11 +82,10 @@ def test_first_reaching_is_the_smallest_m_at_or_above_the_level():
     assert first_reaching([0.1, 0.2], 0.3) is None
 
 
-def test_a_reference_reads_the_runs_recorded_mean(tmp_path):
-    (tmp_path / "results.json").write_text(json.dumps({"mean": 0.25}))
-    assert read_reference(f"frozen greedy={tmp_path}") == (
-        "frozen greedy",
-        {"run": str(tmp_path), "mean": 0.25},
-    )
+def test_a_reference_reads_the_runs_recorded_mean():
+    run = "experiments/results/frontier/runs/conll/frozen_greedy"
+    label, ref = read_reference(f"frozen greedy={run}")
+    assert (label, ref["run"]) == ("frozen greedy", run)
+    assert ref["mean"] == json.loads(Path(run, "results.json").read_text())["mean"]
     with pytest.raises(SystemExit, match="LABEL=RUN"):
-        read_reference(str(tmp_path))
+        read_reference(run)
