@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -107,6 +107,59 @@ def first_reaching(points: Sequence[float], level: float) -> int | None:
     return next((m for m, value in enumerate(points, start=1) if value >= level), None)
 
 
+def particle_curves(runs: Sequence[Path], references: Mapping[str, Path]) -> dict[str, Any]:
+    """The curves of one task's IS runs (sampler draws on one test draw), with each reference
+    run's recorded mean and the first m at which each method reaches it. Scoring loads the
+    run's task, so its data must be set up as for the runs."""
+    record = read_record(runs[0])
+    if record is None:
+        raise AggregationError(f"{runs[0]}: no job.json or results.json to read the task from")
+    task = load_task(OmegaConf.create(record["config"]))
+    rows = [row for run in runs for row in read_rows(one_evaluation(run))]
+    curves = {METHODS[m]: points for m, points in curve(rows, task, list(METHODS)).items()}
+    result = {
+        "runs": [str(run) for run in runs],
+        "task": task.name,
+        "metric": task.metric_name,
+        "examples": len({(r["set"], r["uid"]) for r in rows}),
+        "draws": len({r["sampler_seed"] for r in rows}),
+        "particles": list(range(1, len(rows[0]["particles"]) + 1)),
+        "curves": curves,
+        "references": {},
+    }
+    for label, run in references.items():
+        mean = one_evaluation(run).results["mean"]
+        result["references"][label] = {
+            "run": str(run),
+            "mean": mean,
+            "first_m_reaching": {name: first_reaching(p, mean) for name, p in curves.items()},
+        }
+    return result
+
+
+def curves_markdown(results: Mapping[str, dict[str, Any]]) -> str:
+    """One row per task (a name: its `particle_curves`): one sample (m = 1), each reference with
+    the first m at which Full IS and Sample-Rerank reach it ("never" within K), and Full IS at
+    m = 3 and at K."""
+    labels = list(dict.fromkeys(label for r in results.values() for label in r["references"]))
+    head = ["task (examples × draws)", "one sample (m = 1)"]
+    for label in labels:
+        head += [label, *(f"{name} reaches it at m" for name in METHODS.values())]
+    head.append("Full IS at m = 3 / K")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + ":-:|" * (len(head) - 1)]
+    for name, r in results.items():
+        full = r["curves"]["Full IS"]
+        cells = [f"{name} ({r['examples']} × {r['draws']})", f"{full[0]:.3f}"]
+        for label in labels:
+            ref = r["references"].get(label)
+            reached = ref["first_m_reaching"] if ref else {}
+            cells.append(f"{ref['mean']:.3f}" if ref else "not run")
+            cells += [str(reached[m] or "never") if ref else "" for m in METHODS.values()]
+        cells.append(f"{full[2]:.3f} / {full[-1]:.3f} (K = {len(full)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -122,25 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="write the curve here as JSON (else stdout)")
     parser.add_argument("--plot", type=Path, help="draw the curve here (PNG)")
     args = parser.parse_args(argv)
-    record = read_record(args.runs[0])
-    if record is None:
-        raise SystemExit(f"{args.runs[0]}: no job.json or results.json to read the task from")
-    task = load_task(OmegaConf.create(record["config"]))
-    rows = [row for run in args.runs for row in read_rows(one_evaluation(run))]
-    result = {
-        "runs": [str(run) for run in args.runs],
-        "task": task.name,
-        "metric": task.metric_name,
-        "examples": len({(r["set"], r["uid"]) for r in rows}),
-        "draws": len({r["sampler_seed"] for r in rows}),
-        "particles": list(range(1, len(rows[0]["particles"]) + 1)),
-        "curves": {METHODS[m]: points for m, points in curve(rows, task, list(METHODS)).items()},
-        "references": dict(read_reference(text) for text in args.reference),
-    }
-    for ref in result["references"].values():
-        ref["first_m_reaching"] = {
-            label: first_reaching(points, ref["mean"]) for label, points in result["curves"].items()
-        }
+    result = particle_curves(args.runs, dict(read_reference(text) for text in args.reference))
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
@@ -168,12 +203,12 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def read_reference(text: str) -> tuple[str, dict[str, Any]]:
-    """`LABEL=RUN` as (label, {"run", "mean"}): the mean the run's results file records."""
+def read_reference(text: str) -> tuple[str, Path]:
+    """`LABEL=RUN` as (label, run folder)."""
     label, sep, run = text.partition("=")
     if not sep:
         raise SystemExit(f"--reference {text}: expected LABEL=RUN")
-    return label, {"run": run, "mean": one_evaluation(Path(run)).results["mean"]}
+    return label, Path(run)
 
 
 if __name__ == "__main__":

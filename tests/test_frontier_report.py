@@ -13,6 +13,7 @@ import pytest
 from experiments.frontier_report import (
     BEGIN,
     END,
+    PARTICLES,
     _field_counts,
     _fields,
     _judge,
@@ -106,3 +107,33 @@ def test_the_writeup_block_is_replaced_and_nothing_else():
     assert with_outcomes(new, "| new |\n") == new
     with pytest.raises(AggregationError, match="expected one block"):
         with_outcomes("# no markers\n", "| x |\n")
+    begin, end = PARTICLES
+    both = f"{new}{begin}\n\nold curves\n{end}\n"
+    assert with_outcomes(both, "| curves |\n", markers=PARTICLES) == (
+        f"{new}{begin}\n\n| curves |\n\n{end}\n"
+    )
+
+
+def test_particle_curves_come_with_the_report_when_asked(tmp_path):
+    """`--particles` (report(particles=True)) writes a task's particle curves beside its
+    comparison, from its Full IS(10) runs, with frozen and trained greedy as references; the
+    same curves as experiments.particle_subsets on those runs."""
+    copy = tmp_path / "frontier"
+    shutil.copytree(FOLDER / "runs" / "triage", copy / "runs" / "triage")
+    shutil.copy(FOLDER.parent / "frontier-predictions.json", tmp_path)
+    (outcome,), _ = report(copy, tmp_path / "report", particles=True)
+    curves = outcome["particle_curves"]
+    assert set(curves["references"]) == {"frozen greedy", "GrammarRL greedy"}
+    assert (
+        curves["references"]["GrammarRL greedy"]["mean"]
+        == outcome["systems"]["GrammarRL greedy"]["mean"]
+    )
+    assert curves["curves"]["Full IS"][-1] == pytest.approx(
+        outcome["systems"]["Full IS(10)"]["mean"], abs=1e-9
+    )
+    written = tmp_path / "report" / "triage"
+    assert json.loads((written / "particle_subsets.json").read_text()) == curves
+    assert (written / "particle_subsets.png").is_file()
+    assert (
+        "particle_curves" not in json.loads((tmp_path / "report" / "outcomes.json").read_text())[0]
+    )

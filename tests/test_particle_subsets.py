@@ -2,11 +2,19 @@
 
 import json
 from pathlib import Path
+from statistics import fmean
 from types import SimpleNamespace
 
 import pytest
 
-from experiments.particle_subsets import curve, first_reaching, pick, read_reference
+from experiments.particle_subsets import (
+    curve,
+    curves_markdown,
+    first_reaching,
+    particle_curves,
+    pick,
+    read_reference,
+)
 from experiments.runs import AggregationError
 
 
@@ -82,10 +90,45 @@ def test_first_reaching_is_the_smallest_m_at_or_above_the_level():
     assert first_reaching([0.1, 0.2], 0.3) is None
 
 
-def test_a_reference_reads_the_runs_recorded_mean():
+def test_a_reference_is_a_label_and_a_run():
     run = "experiments/results/frontier/runs/conll/frozen_greedy"
-    label, ref = read_reference(f"frozen greedy={run}")
-    assert (label, ref["run"]) == ("frozen greedy", run)
-    assert ref["mean"] == json.loads(Path(run, "results.json").read_text())["mean"]
+    assert read_reference(f"frozen greedy={run}") == ("frozen greedy", Path(run))
     with pytest.raises(SystemExit, match="LABEL=RUN"):
         read_reference(run)
+
+
+TRIAGE = Path("experiments/results/frontier/runs/triage")
+
+
+def test_particle_curves_end_at_the_recorded_search_and_reference_means():
+    """On triage's committed Full IS(10) draws, m = 10 is the recorded Full IS(10) and
+    Sample-Rerank(10) (their results files' means, over the three draws); a reference carries
+    its run's recorded mean and the first m each curve reaches it."""
+    runs = [TRIAGE / f"is10_s{seed}" for seed in range(3)]
+    result = particle_curves(runs, {"frozen greedy": TRIAGE / "frozen_greedy"})
+    recorded = [json.loads((run / "results.json").read_text()) for run in runs]
+    for method, selection in (("Full IS", "is"), ("Sample-Rerank", "rerank")):
+        means = [r["selections"][selection]["mean"] for r in recorded]
+        assert result["curves"][method][-1] == pytest.approx(fmean(means), abs=1e-9), method
+    ref = result["references"]["frozen greedy"]
+    assert ref["mean"] == json.loads((TRIAGE / "frozen_greedy/results.json").read_text())["mean"]
+    full, first = result["curves"]["Full IS"], ref["first_m_reaching"]["Full IS"]
+    assert full[first - 1] >= ref["mean"] > max(full[: first - 1])
+    assert (result["examples"], result["draws"]) == (200, 3)
+
+
+def test_the_curves_table_has_a_row_per_task_and_says_never():
+    result = {
+        "examples": 4,
+        "draws": 2,
+        "curves": {"Full IS": [0.1, 0.2, 0.3], "Sample-Rerank": [0.1, 0.15, 0.2]},
+        "references": {
+            "greedy": {"mean": 0.25, "first_m_reaching": {"Full IS": 3, "Sample-Rerank": None}}
+        },
+    }
+    table = curves_markdown({"toy": result})
+    assert "| greedy | Full IS reaches it at m | Sample-Rerank reaches it at m |" in table
+    assert (
+        table.splitlines()[-1]
+        == "| toy (4 × 2) | 0.100 | 0.250 | 3 | never | 0.300 / 0.300 (K = 3) |"
+    )
