@@ -35,6 +35,7 @@ from experiments.results_files import one_evaluation, read_rows
 from experiments.runs import AggregationError
 from grammarrl.decoding.smc import ParticleSet
 from grammarrl.decoding.types import Generation
+from grammarrl.errors import GrammarRLError
 from grammarrl.evaluation.plots import save_figure
 from grammarrl.runs.rundir import read_record
 from grammarrl.search.methods import NEG_INF
@@ -175,7 +176,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="write the curve here as JSON (else stdout)")
     parser.add_argument("--plot", type=Path, help="draw the curve here (PNG)")
     args = parser.parse_args(argv)
-    result = particle_curves(args.runs, dict(read_reference(text) for text in args.reference))
+    try:
+        result = particle_curves(args.runs, dict(read_reference(t) for t in args.reference))
+    except (AggregationError, GrammarRLError) as err:
+        raise SystemExit(f"error: {err}") from None
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")

@@ -13,6 +13,7 @@ from experiments.particle_subsets import (
     first_reaching,
     particle_curves,
     pick,
+    main,
     read_reference,
 )
 from experiments.runs import AggregationError
@@ -132,3 +133,8 @@ def test_the_curves_table_has_a_row_per_task_and_says_never():
         table.splitlines()[-1]
         == "| toy (4 × 2) | 0.100 | 0.250 | 3 | never | 0.300 / 0.300 (K = 3) |"
     )
+
+
+def test_the_command_names_a_run_without_particles():
+    with pytest.raises(SystemExit, match="no search particles"):
+        main([str(TRIAGE / "frozen_greedy")])
