@@ -11,9 +11,9 @@ from experiments.particle_subsets import (
     curve,
     curves_markdown,
     first_reaching,
+    main,
     particle_curves,
     pick,
-    main,
     read_reference,
 )
 from experiments.runs import AggregationError
