@@ -24,7 +24,7 @@ from experiments.frontier_report import (
     with_outcomes,
 )
 from experiments.paired import counts_by_set
-from experiments.runs import AggregationError
+from experiments.runs import AggregationError, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER = REPO / "experiments" / "results" / "frontier"
@@ -32,8 +32,7 @@ FOLDER = REPO / "experiments" / "results" / "frontier"
 
 def _rows(path: Path) -> dict[int, dict[str, dict]]:
     found: dict[int, dict[str, dict]] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in read_jsonl(path):
         found.setdefault(row["set"], {})[row["uid"]] = row
     return found
 
@@ -41,7 +40,7 @@ def _rows(path: Path) -> dict[int, dict[str, dict]]:
 def test_field_counts_add_up_to_each_examples_json_field_counts():
     """Per-field counts summed over the fields are the counts the task scored each example with:
     the per-field changes split the metric, they do not redefine it."""
-    rows = _rows(FOLDER / "runs" / "triage" / "train" / "predictions.jsonl")
+    rows = _rows(FOLDER / "runs" / "triage" / "train" / "predictions.jsonl.gz")
     per_field = [_field_counts("support_triage", rows, f) for f in ("category", "order_id")]
     scored = counts_by_set(r for by_uid in rows.values() for r in by_uid.values())
     for index, by_uid in scored.items():
