@@ -435,6 +435,40 @@ def test_a_resumed_run_logs_each_step_at_its_own_number(tmp_path):
     assert [int(float(r["step"])) for r in rows if r.get("train/reward")] == [0, 1, 2, 3]
 
 
+def test_a_run_killed_while_validating_retrains_that_step_and_validates_it(tmp_path, monkeypatch):
+    """A step's checkpoint waits for the step's validation: written before it, a run killed
+    while validating resumed past it (Lightning does not validate a restored step again) and
+    lost that dev point and a dev-best at it. Now the resume retrains the step from the
+    checkpoint before, to the same weights as a run never killed, and validates it."""
+    validated = ["trainer.max_steps=3", "trainer.val_check_interval=2"]
+    straight, _ = train_in(tmp_path, validated)
+    validate = grammarrl.training.module.GrammarRLModule.on_validation_epoch_end
+
+    def killed_at_step_2(self):
+        if self.global_step == 2:
+            raise RuntimeError("killed while validating")
+        return validate(self)
+
+    monkeypatch.setattr(
+        grammarrl.training.module.GrammarRLModule, "on_validation_epoch_end", killed_at_step_2
+    )
+    with pytest.raises(RuntimeError, match="killed while validating"):
+        train_in(tmp_path, validated)
+    (killed,) = set((tmp_path / "outputs").glob("*/*")) - {straight}
+    ckpt = killed / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 1  # step 2's waited
+    monkeypatch.undo()
+
+    resumed, results = train_in(tmp_path, [*validated, f"train.resume={ckpt}"])
+    assert isinstance(results, dict), results
+    rows = [json.loads(line) for line in (resumed / "validation.jsonl").read_text().splitlines()]
+    validations = sorted({(r["step"], r["slice"]) for r in rows})
+    assert validations == [(0, "dev"), (0, "train"), (2, "dev"), (2, "train")]
+    assert json.loads((resumed / "best_dev.json").read_text())["step"] == 2
+    weights = "adapter/adapter_model.safetensors"
+    assert (resumed / weights).read_bytes() == (straight / weights).read_bytes()
+
+
 def test_hub_model_out_of_reach_is_one_line_naming_model_path(tmp_path):
     offline = cli(
         "task=wos",

@@ -1,6 +1,7 @@
-"""Lightning callbacks of a training run: per-phase step timing, the run's settings in every
-checkpoint, logged steps that stay optimizer steps across resumes, and the adapter of the step
-with the best dev metric (the progress bar is `grammarrl.runs.progress.StepProgressBar`)."""
+"""Lightning callbacks of a training run: checkpoints that wait for a step's validation,
+per-phase step timing, the run's settings in every checkpoint, logged steps that stay optimizer
+steps across resumes, and the adapter of the step with the best dev metric (the progress bar is
+`grammarrl.runs.progress.StepProgressBar`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from grammarrl.runs.atomic import write_json
 from grammarrl.runs.results import adapter_name
@@ -67,6 +69,32 @@ class PhaseTimer(L.Callback):
         self.history.append(seconds)
         for phase, value in seconds.items():
             pl_module.log(f"perf/{phase}_seconds", value, batch_size=1)
+
+
+class ValidatedCheckpoint(ModelCheckpoint):
+    """Lightning's `ModelCheckpoint` every `every_n_train_steps` steps, except that at a step
+    validation runs at, the checkpoint waits for that validation. Written before it, a run
+    killed while validating resumed past it: Lightning does not validate a restored step again,
+    so that step's dev point (and a dev-best at it) was lost; written after, the resume retrains
+    from the checkpoint before, exactly, and validates."""
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        loop = trainer.fit_loop
+        if loop.epoch_loop._should_check_val_fx(loop._data_fetcher):
+            due = (
+                self._every_n_train_steps > 0
+                and trainer.global_step % self._every_n_train_steps == 0
+            )
+            self._defer_save_until_validation = due  # saved by on_validation_end
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
 
 class RecordSettings(L.Callback):

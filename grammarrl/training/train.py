@@ -28,6 +28,7 @@ from grammarrl.training.callbacks import (
     LoggedStepIsGlobalStep,
     PhaseTimer,
     RecordSettings,
+    ValidatedCheckpoint,
 )
 from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
 from grammarrl.training.module import GrammarRLModule
@@ -121,13 +122,12 @@ def build_trainer(
 ) -> L.Trainer:
     """The Lightning Trainer of the `trainer` group (Hydra `_target_`), placed on `device`
     (where the model is), with `loggers`, checkpoints every `checkpoint_every` steps (atomic
-    writes), `run_callbacks` (the run's: best-dev adapter, settings record), timing, the step
-    progress bar unless `trainer.enable_progress_bar=false`, and those of the `callbacks`
-    group."""
+    writes; at a validation step, after the validation), `run_callbacks` (the run's: best-dev
+    adapter, settings record), timing, the step progress bar unless
+    `trainer.enable_progress_bar=false`, and those of the `callbacks` group."""
     from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
-    checkpoint = ModelCheckpoint(
+    checkpoint = ValidatedCheckpoint(
         dirpath=out / "checkpoints",
         save_last=True,
         save_top_k=0,
