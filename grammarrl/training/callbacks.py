@@ -78,6 +78,10 @@ class ValidatedCheckpoint(ModelCheckpoint):
     so that step's dev point (and a dev-best at it) was lost; written after, the resume retrains
     from the checkpoint before, exactly, and validates."""
 
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._after_validation = False  # this step's checkpoint waits for its validation
+
     def on_train_batch_end(
         self,
         trainer: L.Trainer,
@@ -88,13 +92,16 @@ class ValidatedCheckpoint(ModelCheckpoint):
     ) -> None:
         loop = trainer.fit_loop
         if loop.epoch_loop._should_check_val_fx(loop._data_fetcher):
-            due = (
-                self._every_n_train_steps > 0
-                and trainer.global_step % self._every_n_train_steps == 0
-            )
-            self._defer_save_until_validation = due  # saved by on_validation_end
+            every = self._every_n_train_steps
+            self._after_validation = every > 0 and trainer.global_step % every == 0
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)  # saves here by itself in Lightning < 2.5
+        if self._after_validation and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        self._after_validation = False
 
 
 class RecordSettings(L.Callback):
