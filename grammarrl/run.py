@@ -16,6 +16,7 @@ re-raised (one line, no traceback) so Hydra records it and runs the other jobs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import sys
@@ -89,19 +90,21 @@ def dispatch(cfg: DictConfig, validated: bool = False) -> object:
     if not validated:
         validate(cfg)
     out = hydra_run_dir()
-    plan = rundir.plan_job(cfg, out) if out is not None else rundir.Plan()
-    if plan.done is not None:
-        return plan.done
-    found = preflight(cfg, out, plan)
-    if out is not None and tracking.is_rank_zero():
-        rundir.commit(cfg, out, plan)
-    module_name, func_name = MODE_HANDLERS[cfg.mode].split(":")
-    handler = getattr(importlib.import_module(module_name), func_name)
-    started = time.time()
-    with tracking.job_run(cfg, out) as run:
-        result = handler(cfg, **found)
-        tracking.log_results(run, result)
-    record_timing(started)
+    owner = out is not None and tracking.is_rank_zero()  # DDP's other ranks share its directory
+    with rundir.claimed(out) if owner else contextlib.nullcontext():
+        plan = rundir.plan_job(cfg, out) if out is not None else rundir.Plan()
+        if plan.done is not None:
+            return plan.done
+        found = preflight(cfg, out, plan)
+        if owner:
+            rundir.commit(cfg, out, plan)
+        module_name, func_name = MODE_HANDLERS[cfg.mode].split(":")
+        handler = getattr(importlib.import_module(module_name), func_name)
+        started = time.time()
+        with tracking.job_run(cfg, out) as run:
+            result = handler(cfg, **found)
+            tracking.log_results(run, result)
+        record_timing(started)
     return result
 
 

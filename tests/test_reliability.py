@@ -373,6 +373,29 @@ def test_run_dir_holds_one_job_and_training_continues_with_more_steps(tmp_path):
     assert "Skipping this job" in same.stdout + same.stderr
 
 
+def test_a_second_process_in_a_running_jobs_directory_is_refused(tmp_path):
+    """While a job runs in a directory (it holds the directory's lock), the same command started
+    again, as when a stopped job is restarted before it has exited, is refused before it writes
+    anything, and the directory's `.hydra/` still describes the running job; once the lock is
+    released the directory is usable again (the finished job is skipped)."""
+    from grammarrl.runs import rundir
+
+    run = tmp_path / "run"
+    evaluate = ["mode=eval", "model=tiny", "logger=none", f"hydra.run.dir={run}"]
+    assert cli(*evaluate).returncode == 0
+    hydra_files = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
+    results = (run / "results.json").read_bytes()
+    with rundir.claimed(run):
+        second = cli(*evaluate, "skip_completed=false")
+    text = second.stdout + second.stderr
+    assert second.returncode == 2, text[-3000:]
+    assert f"{run} is in use: pid {os.getpid()} (since " in text
+    assert {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()} == hydra_files
+    assert (run / "results.json").read_bytes() == results and not (run / "failed.json").exists()
+    again = cli(*evaluate)
+    assert again.returncode == 0 and "Skipping this job" in again.stdout + again.stderr
+
+
 def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monkeypatch, caplog):
     out, results = train_in(tmp_path, ["trainer.max_steps=2"])
     assert isinstance(results, dict), results

@@ -11,7 +11,8 @@ settings its outputs were produced with.
   are then deleted first). The same holds when `device` or `model.dtype` resolve differently on
   this machine than where the outputs were produced (`auto` is bfloat16 on a CPU with native
   bf16, float32 on another). A training run may continue under changed `CONTINUABLE` keys
-  (more steps, other evaluation settings): its stale results are removed and it resumes.
+  (more steps, other evaluation settings): its stale results are removed and it resumes;
+- another process running a job there (it holds the directory's lock, `claimed`): refused.
 
 On refusal Hydra has already rewritten `.hydra/` with the refused job's config; the files are
 restored from the record, so the directory keeps describing its own outputs.
@@ -19,12 +20,15 @@ restored from the record, so the directory keeps describing its own outputs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import json
 import logging
+import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import reduce
@@ -43,6 +47,7 @@ from grammarrl.runs.results import config_dict
 log = logging.getLogger(__name__)
 
 RECORD = "job.json"
+LOCK = ".grammarrl.lock"  # held while a job runs in the directory (`claimed`)
 COMPLETED = "results.json"  # written last by the modes that score outputs
 COMPLETED_BY_MODE = {"diagnose": "diagnosis.json"}  # modes that write another file last
 # modes that write into the run dir
@@ -119,7 +124,32 @@ def run_dir(cfg: DictConfig | None = None) -> Path:
 
 
 class RunDirConflict(GrammarRLError):
-    """The run directory holds outputs of another mode or other settings."""
+    """The run directory holds outputs of another mode or other settings, or another process
+    runs a job in it."""
+
+
+@contextlib.contextmanager
+def claimed(out: Path) -> Iterator[None]:
+    """Hold `<out>/.grammarrl.lock`, an exclusive lock the system releases when this process
+    ends, even by a kill, while the job runs. A second process in the same directory (the same
+    command started twice, or restarted before the stopped one has exited) is refused with
+    RunDirConflict, its `.hydra/` files put back, before it writes a checkpoint or a metric."""
+    with open(out / LOCK, "a+") as handle:  # "a+": the holder's line stays readable
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            _refuse(
+                out,
+                read_record(out) or {},
+                f"{out} is in use: {handle.read().strip() or 'a process'} runs a job there; "
+                "wait for it to end (or stop it and let it exit), then run this again",
+            )
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})")
+        handle.flush()
+        yield
 
 
 @dataclass
