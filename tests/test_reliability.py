@@ -396,6 +396,21 @@ def test_a_second_process_in_a_running_jobs_directory_is_refused(tmp_path):
     assert again.returncode == 0 and "Skipping this job" in again.stdout + again.stderr
 
 
+def test_a_run_directory_moved_elsewhere_resumes_and_checkpoints_into_last_ckpt(tmp_path):
+    """A run directory resumed under another path (moved, copied to another machine, reached
+    through a link) used to checkpoint into last-v1.ckpt beside the old last.ckpt, which the
+    next resume then took: steps were lost. Its checkpoints now always overwrite last.ckpt."""
+    first, moved = tmp_path / "first", tmp_path / "moved"
+    assert cli(*TINY_SWEEP, f"hydra.run.dir={first}").returncode == 0
+    shutil.copytree(first, moved)
+    (moved / "results.json").unlink()  # as if killed before its evaluation
+    more = cli(*TINY_SWEEP, "trainer.max_steps=2", f"hydra.run.dir={moved}")
+    assert more.returncode == 0, (more.stdout + more.stderr)[-3000:]
+    assert [p.name for p in (moved / "checkpoints").iterdir()] == ["last.ckpt"]
+    ckpt = torch.load(moved / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 2
+
+
 def test_resume_refuses_a_checkpoint_trained_with_other_settings(tmp_path, monkeypatch, caplog):
     out, results = train_in(tmp_path, ["trainer.max_steps=2"])
     assert isinstance(results, dict), results

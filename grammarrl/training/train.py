@@ -132,6 +132,9 @@ def build_trainer(
         save_last=True,
         save_top_k=0,
         every_n_train_steps=checkpoint_every,
+        # always last.ckpt, which a resume reads: never last-v1.ckpt beside a last.ckpt the
+        # callback did not write itself (a run directory resumed under another path)
+        enable_version_counter=False,
     )
     accelerator, devices = trainer_placement(device, trainer.devices)
     extra = [instantiate(spec) for spec in callbacks.values()]
