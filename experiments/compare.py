@@ -13,8 +13,9 @@ search method, or repeated evaluations of a deterministic decoding (their spread
 bf16/batching noise). The spread between sets (of the draw-averaged scores) and between draws
 (within a set) are reported apart. Differences against reference systems use only the sets both
 measured, with a paired bootstrap that resamples examples (the same for both systems) and each
-system's draws. Per-set scores are recomputed from the predictions' tp/fp/fn where the metric is
-micro-F1, and must agree with the results file. Each system's cost, forward token positions
+system's draws. Per-set scores are recomputed from the predictions' per-example statistics
+where the metric is a function of their sum (micro-F1's tp/fp/fn; BLEU's lengths and n-gram
+matches, from the outputs' text), and must agree with the results file. Each system's cost, forward token positions
 per output (`costs`), sits beside its quality, and per task a frontier plot (`frontier`) places
 every system by both. The reading (`results_files`), the systems' keys (`system_keys`), the
 pooling (`pool`) and the paired bootstrap (`paired`) are building blocks of their own.
@@ -279,7 +280,10 @@ def _notes(data: dict[str, Any]) -> list[str]:
     ):
         notes += [
             "",
-            "Bootstrap cells are empty where the predictions hold no per-example tp/fp/fn.",
+            (
+                "Bootstrap cells are empty where the predictions hold no per-example "
+                "statistics (tp/fp/fn, or the outputs' text for BLEU)."
+            ),
         ]
     for system in data["systems"]:
         pooled = system["pooled_from"]

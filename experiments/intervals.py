@@ -5,8 +5,10 @@ Every metric whose set score is a sum over examples is counted this way (`item_c
 one paired bootstrap serves them all: micro-F1 (CoNLL) and the custom tasks' JSON-field F1
 record tp/fp/fn per example; WoS's hierarchical F1 counts the parent and the full path of each
 output; accuracy and exact match count a right output as [1, 0, 0] and a wrong one as
-[0, 1, 1], whose micro-F1 over a set is the share right. Corpus BLEU is not a sum over examples:
-it gets no counts, so no bootstrap."""
+[0, 1, 1], whose micro-F1 over a set is the share right. Corpus BLEU is not a mean over
+examples, but it is a function of summed per-example statistics too (sacrebleu's lengths and
+n-gram matches, `bleu_statistics`, read from the output's text), as sacrebleu's own paired
+bootstrap uses it; `set_score` turns either kind of summed statistics into the set's score."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from sacrebleu.metrics import BLEU
 
 COUNTS = ("tp", "fp", "fn")
 RESAMPLES = 10_000
@@ -29,6 +32,41 @@ def micro_f1(totals: np.ndarray) -> np.ndarray:
 
 
 COUNTED_METRICS = ("micro_f1", "json_fields_f1", "hierarchical_f1", "accuracy", "exact_match")
+SUMMED_METRICS = (*COUNTED_METRICS, "bleu")  # every metric a paired bootstrap can resample
+
+_BLEU = BLEU()  # sacrebleu's defaults, as `grammarrl.tasks.metrics.corpus_bleu` scores
+_ORDER = _BLEU.max_ngram_order
+
+
+def bleu_statistics(hypothesis: str, reference: str) -> np.ndarray:
+    """One example's BLEU statistics: [hypothesis length, reference length, matched n-grams
+    for n = 1..4, hypothesis n-grams for n = 1..4] (sacrebleu's tokenisation)."""
+    found = _BLEU.corpus_score([hypothesis], [[reference]])
+    return np.array([found.sys_len, found.ref_len, *found.counts, *found.totals], dtype=np.int64)
+
+
+def corpus_bleu_of(totals: np.ndarray) -> np.ndarray:
+    """Corpus BLEU on a 0-1 scale of summed `bleu_statistics` along the last axis (sacrebleu's
+    `compute_bleu` with its default smoothing, one call per row)."""
+    rows = totals.reshape(-1, totals.shape[-1]).tolist()
+    scores = [
+        _BLEU.compute_bleu(
+            correct=row[2 : 2 + _ORDER],
+            total=row[2 + _ORDER :],
+            sys_len=row[0],
+            ref_len=row[1],
+            smooth_method=_BLEU.smooth_method,
+        ).score
+        / 100.0
+        for row in rows
+    ]
+    return np.array(scores).reshape(totals.shape[:-1])
+
+
+def set_score(totals: np.ndarray) -> np.ndarray:
+    """A set's score from its examples' statistics summed along the last axis: micro-F1 of
+    [tp, fp, fn], corpus BLEU of `bleu_statistics`."""
+    return micro_f1(totals) if totals.shape[-1] == len(COUNTS) else corpus_bleu_of(totals)
 
 
 def item_counts(item: Mapping[str, Any]) -> np.ndarray | None:

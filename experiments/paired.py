@@ -1,9 +1,10 @@
 """Paired comparisons of two systems measured on the same test sets (or dev inputs).
 
 - `differences`: per-set score differences, system − reference.
-- `paired_bootstrap`: the mean over shared sets of micro-F1(system) − micro-F1(reference), each
-  set given as both systems' per-example [tp, fp, fn] (draws × examples × 3, examples in the same
-  order); each resample draws every set's examples with replacement, the same for both systems,
+- `paired_bootstrap`: the mean over shared sets of score(system) − score(reference), each set
+  given as both systems' per-example statistics (draws × examples × statistics, examples in the
+  same order: [tp, fp, fn] for micro-F1, BLEU's for BLEU; `experiments.intervals.set_score`);
+  each resample draws every set's examples with replacement, the same for both systems,
   and, when asked, each system's draws (a search method's sampler seeds).
 - `paired_interval`: the same over examples keyed by id (`counts_by_set`: test set → uid →
   counts, from predictions rows or a validation record), refusing systems that scored
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.intervals import RESAMPLES, SEED, item_counts, micro_f1
+from experiments.intervals import RESAMPLES, SEED, item_counts, set_score
 from experiments.runs import AggregationError
 
 Counts = dict[Any, dict[str, np.ndarray]]  # test set -> uid -> [tp, fp, fn]
@@ -53,15 +54,15 @@ def _example_weights(rng: np.random.Generator, size: int, resamples: int) -> np.
     return np.bincount(drawn.ravel(), minlength=resamples * size).reshape(resamples, size)
 
 
-def _draw_f1(weights: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Micro-F1 of each draw (counts: draws × examples × [tp, fp, fn]) in each resample."""
-    return micro_f1(np.tensordot(weights.astype(float), counts.astype(float), axes=([1], [1])))
+def _draw_scores(weights: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The score of each draw (counts: draws × examples × statistics) in each resample."""
+    return set_score(np.tensordot(weights, counts, axes=([1], [1])))
 
 
-def _resampled_draws(rng: np.random.Generator, f1: np.ndarray) -> np.ndarray:
-    """Each resample's mean F1 over its draws drawn with replacement (resamples × draws)."""
-    picked = rng.integers(0, f1.shape[1], size=f1.shape)
-    return np.take_along_axis(f1, picked, axis=1).mean(1)
+def _resampled_draws(rng: np.random.Generator, scores: np.ndarray) -> np.ndarray:
+    """Each resample's mean score over its draws drawn with replacement (resamples × draws)."""
+    picked = rng.integers(0, scores.shape[1], size=scores.shape)
+    return np.take_along_axis(scores, picked, axis=1).mean(1)
 
 
 def _interval(observed: float, values: np.ndarray) -> dict[str, float]:
@@ -80,22 +81,22 @@ def paired_bootstrap(
     seed: int = SEED,
     draws: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """The mean over shared sets of F1(system) − F1(reference), each set given as (system's,
-    reference's) counts, draws × examples × [tp, fp, fn], examples in the same order. Each
+    """The mean over shared sets of score(system) − score(reference), each set given as (system's,
+    reference's) statistics, draws × examples × statistics, examples in the same order. Each
     resample draws every set's examples with replacement, the same for both systems, and each
     system's draws with replacement ("examples_and_draws", only when `draws`) or keeps them
-    ("examples"); a set's F1 is the mean over draws of the micro-F1 of the resampled examples'
-    summed counts. Each interval: observed, 2.5th and 97.5th percentile, share above 0."""
+    ("examples"); a set's score is the mean over draws of `set_score` of the resampled
+    examples' summed statistics. Each interval: observed, 2.5th and 97.5th percentile, share above 0."""
     rng = np.random.default_rng(seed)
     both, examples = np.zeros(resamples), np.zeros(resamples)
     observed = 0.0
     for system, reference in pairs:
-        observed += float(micro_f1(system.sum(1)).mean() - micro_f1(reference.sum(1)).mean())
+        observed += float(set_score(system.sum(1)).mean() - set_score(reference.sum(1)).mean())
         weights = _example_weights(rng, system.shape[1], resamples)
-        f1_system, f1_reference = _draw_f1(weights, system), _draw_f1(weights, reference)
-        examples += f1_system.mean(1) - f1_reference.mean(1)
+        ours, theirs = _draw_scores(weights, system), _draw_scores(weights, reference)
+        examples += ours.mean(1) - theirs.mean(1)
         if draws:
-            both += _resampled_draws(rng, f1_system) - _resampled_draws(rng, f1_reference)
+            both += _resampled_draws(rng, ours) - _resampled_draws(rng, theirs)
     count = len(pairs)
     found = {"examples_and_draws": _interval(observed / count, both / count)} if draws else {}
     return found | {"examples": _interval(observed / count, examples / count)}

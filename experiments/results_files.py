@@ -1,8 +1,9 @@
 """One results file read for a comparison by distinct test set: its predictions rows, each test
 set's example ids (normalised by `relative_uid`), each selection's score of each draw on each
-set, the rows by (set, draw) and uid, and each set's per-example [tp, fp, fn] where the metric is
-a sum over examples (`experiments.intervals.item_counts`; rescored from the text in older CoNLL
-search files), checked against the results file's own score. Errors name the file."""
+set, the rows by (set, draw) and uid, and each set's per-example statistics where the set score
+is a function of their sum (`experiments.intervals`): [tp, fp, fn] (`item_counts`; rescored from
+the text in older CoNLL search files), or BLEU's statistics of the output's text; checked
+against the results file's own score. Errors name the file."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.intervals import COUNTED_METRICS, item_counts, micro_f1
+from experiments.intervals import SUMMED_METRICS, bleu_statistics, item_counts, set_score
 from experiments.runs import AggregationError, Evaluation, load_sweep, read_jsonl
 from grammarrl.data.sources import relative_uid
 from grammarrl.tasks.conll import FIELDS, output_fields
@@ -122,11 +123,17 @@ def _rescored(text: str | None, gold: str) -> dict[str, int] | None:
 
 
 def _row_counts(ev: Evaluation, row: dict[str, Any], selection: str) -> np.ndarray | None:
-    """A row's [tp, fp, fn] for a selection: its `selection_scores`, its `scores` (for the
-    selection it predicts) or, in older CoNLL search files, the selection's text rescored."""
+    """A row's statistics for a selection from its `selection_scores`, its `scores` (for the
+    selection it predicts) or, in older CoNLL search files, the selection's text rescored:
+    [tp, fp, fn], or for BLEU the statistics of its text ("" when invalid, as the task scores)."""
     item = (row.get("selection_scores") or {}).get(selection)
     if item is None and selection == ev.decoding:
         item = row.get("scores")
+    if ev.metric == "bleu":
+        if not isinstance(item, dict) or "valid" not in item:
+            return None
+        text = (row.get("selections") or {}).get(selection, row.get("prediction"))
+        return bleu_statistics((text or "") if item["valid"] else "", row.get("gold", ""))
     if item is None and ev.task == "conll":
         item = _rescored((row.get("selections") or {}).get(selection), row.get("gold", ""))
     return item_counts(item) if isinstance(item, dict) else None
@@ -135,15 +142,15 @@ def _row_counts(ev: Evaluation, row: dict[str, Any], selection: str) -> np.ndarr
 def set_counts(
     ev: Evaluation, rows: dict[str, dict[str, Any]], selection: str
 ) -> np.ndarray | None:
-    """One set's per-example [tp, fp, fn] in sorted-uid order where the metric is counted
-    (`COUNTED_METRICS`; an error when a row lacks them), else None."""
-    if ev.metric not in COUNTED_METRICS:
+    """One set's per-example statistics in sorted-uid order where the metric is a function of
+    their sum (`SUMMED_METRICS`; an error when a row lacks them), else None."""
+    if ev.metric not in SUMMED_METRICS:
         return None
     counts = [_row_counts(ev, rows[uid], selection) for uid in sorted(rows)]
     missing = [uid for uid, c in zip(sorted(rows), counts) if c is None]
     if missing:
         raise AggregationError(
-            f"{source(ev)}: {len(missing)} rows without per-example counts for {selection} "
+            f"{source(ev)}: {len(missing)} rows without per-example statistics for {selection} "
             f"(e.g. {missing[0]})"
         )
     return np.stack(counts)
@@ -156,7 +163,7 @@ def checked(
     when the two disagree."""
     if counts is None:
         return expected
-    score = float(micro_f1(counts.sum(0)))
+    score = float(set_score(counts.sum(0)))
     if abs(score - expected) > TOLERANCE:
         raise AggregationError(
             f"{source(ev)}: {selection} on {where}: {ev.metric} {score:.12f} from the predictions' "

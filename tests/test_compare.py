@@ -343,7 +343,7 @@ def drop_from_first_row(*keys: str) -> Callable[[Path], None]:
     [
         (spoil_score, "set 1, draw 0: micro_f1 0.800000000000 from the predictions' counts"),
         (lambda run: (run / "predictions.jsonl").unlink(), "cannot read its predictions"),
-        (drop_from_first_row("scores", "fp"), "1 rows without per-example counts for greedy"),
+        (drop_from_first_row("scores", "fp"), "1 rows without per-example statistics for greedy"),
         (drop_from_first_row("uid"), "malformed results or predictions (KeyError: 'uid')"),
     ],
 )
