@@ -616,3 +616,49 @@ def test_adapter_proposal_with_reference_potentials(tiny, tmp_path, monkeypatch)
 
     first, first0 = particles(adapted)[0], particles(plain)[0]
     assert [p["logp_unconstrained"] for p in first] != [p["logp_unconstrained"] for p in first0]
+
+
+def test_a_killed_search_resumes_from_its_progress_and_draws_the_same(tiny, tmp_path, monkeypatch):
+    """Killed in its second draw's second example, the search run again in the same directory
+    continues from its progress file: the same particles, scores and forward token counts as
+    an uninterrupted run, and no progress file left behind."""
+    from grammarrl.evaluation.settings import EvalSettings
+    from grammarrl.search import resume
+    from grammarrl.search import run as search_run
+    from grammarrl.search.settings import SearchSettings
+
+    model, tok = tiny
+    # 64 tokens: outputs complete, so the reverse potential runs and its counter is checked too
+    cfg = _search_cfg(tmp_path, "is", ["search.greedy_baseline=false", "task.max_new_tokens=64"])
+    task, settings = load_task(cfg), SearchSettings.from_config(cfg.search)
+
+    def run(out: Path) -> tuple[dict, list[dict]]:
+        search_run.search(
+            EvalSettings.from_config(cfg), settings, model, tok, task, out, progress=False
+        )
+        rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        return json.loads((out / "results.json").read_text()), rows
+
+    whole, whole_rows = run(tmp_path / "whole")
+    monkeypatch.setattr(resume, "SAVE_EVERY_SECONDS", 0.0)
+    calls, real_smc = [], search_run.smc
+
+    def killed_at_the_sixth_example(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:  # 4 distinct examples a draw: the second draw's second
+            raise KeyboardInterrupt
+        return real_smc(*args, **kwargs)
+
+    monkeypatch.setattr(search_run, "smc", killed_at_the_sixth_example)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "resumed")
+    saved = sorted(p.name for p in (tmp_path / "resumed" / resume.FOLDER).iterdir())
+    assert saved == ["draw0_seed0.pt", "draw1_seed5.pt"]
+    monkeypatch.setattr(search_run, "smc", real_smc)
+    resumed, resumed_rows = run(tmp_path / "resumed")
+    assert len(calls) == 6  # the patched search stopped; nothing of it ran again
+    assert resumed_rows == whole_rows
+    for key in ("scores", "scores_per_draw", "selections", "diagnostics", "forward_tokens"):
+        assert resumed[key] == whole[key], key
+    assert resumed["potential_forward_tokens"] == whole["potential_forward_tokens"] > 0
+    assert not (tmp_path / "resumed" / resume.FOLDER).exists()

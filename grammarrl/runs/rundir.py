@@ -77,6 +77,7 @@ RESULTS = ("results*.json", "predictions*.jsonl")
 OUTPUTS = (
     *RESULTS,
     "checkpoints",
+    "search_progress",  # a killed search's progress (`grammarrl.search.resume`)
     "adapter",
     "metrics",
     "samples.jsonl",

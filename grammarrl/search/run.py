@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
 from grammarrl.decoding.smc import ParticleSet, smc
+from grammarrl.errors import GrammarRLError
 from grammarrl.evaluation.costs import Pass, cost_fields, counted
 from grammarrl.evaluation.evaluate import (
     decode_examples,
@@ -48,6 +49,7 @@ from grammarrl.evaluation.test_sets import sets_summary, test_examples
 from grammarrl.rl.reward import make_reward
 from grammarrl.runs.results import adapter_name, build_results, dtype_name
 from grammarrl.search.potentials import BoundPotential, Potential, make_potential
+from grammarrl.search.resume import DrawProgress, Progress, remove_progress
 from grammarrl.search.selections import (
     Selections,
     diagnostics,
@@ -105,9 +107,13 @@ def search_examples(
     settings: SearchSettings,
     seed: int,
     progress: bool = True,
+    saved: DrawProgress | None = None,
 ) -> tuple[dict[str, ParticleSet], float]:
     """Particles of each distinct example (by uid) under `settings`, in length-sorted batches;
-    also returns the seconds spent in the potential."""
+    also returns the seconds spent in the potential. With `saved`, the search continues from
+    its progress file, if there is one, and writes it as it goes (`grammarrl.search.resume`):
+    the particles, generators, potential seconds and the decoder's and potential's forward
+    token counters go on from the saved ones."""
     from tqdm.auto import tqdm
 
     method, particles, batch_size = settings.method, settings.particles, settings.batch_size
@@ -116,8 +122,29 @@ def search_examples(
     resample_generator = torch.Generator().manual_seed(seed + 1)
     populations: dict[str, ParticleSet] = {}
     potential_seconds = 0.0
-    bar = tqdm(total=len(order), desc=f"search {method}", unit="ex", disable=not progress)
-    for start in range(0, len(order), batch_size):
+    started, tokens0, potential0 = (
+        time.perf_counter(),
+        decoder.forward_tokens,
+        potential.forward_tokens,
+    )
+    restored = saved.load() if saved is not None else None
+    if restored is not None:
+        populations = dict(restored.populations)
+        if list(populations) != order[: len(populations)]:
+            raise GrammarRLError(f"{saved.path}: its examples are not the first of this search")
+        generator.set_state(restored.generator)
+        resample_generator.set_state(restored.resample_generator)
+        potential_seconds = restored.potential_seconds
+        decoder.forward_tokens += restored.search_tokens
+        potential.forward_tokens += restored.potential_tokens
+    bar = tqdm(
+        total=len(order),
+        initial=len(populations),
+        desc=f"search {method}",
+        unit="ex",
+        disable=not progress,
+    )
+    for start in range(len(populations), len(order), batch_size):
         uids = order[start : start + batch_size]
         twist = None
         if potential.name != "none":
@@ -136,6 +163,17 @@ def search_examples(
             potential_seconds += twist.seconds
         populations.update(zip(uids, sets))
         bar.update(len(uids))
+        if saved is not None:
+            now = Progress(
+                populations,
+                generator.get_state(),
+                resample_generator.get_state(),
+                saved.earlier_seconds + time.perf_counter() - started,
+                potential_seconds,
+                decoder.forward_tokens - tokens0,
+                potential.forward_tokens - potential0,
+            )
+            saved.save(now, force=len(populations) == len(order))
     bar.close()
     return populations, potential_seconds
 
@@ -155,6 +193,7 @@ class _Job:
     test_sets: list[list[Example]]
     adapter: str | Path | None  # the proposal's adapter (None: the frozen base model)
     progress: bool
+    out: Path  # the run directory: its search progress files (`grammarrl.search.resume`)
 
 
 @dataclass
@@ -210,6 +249,7 @@ def search(
         test_sets,
         adapter,
         progress,
+        Path(out),
     )
     greedy = None
     if settings.greedy_baseline:
@@ -219,11 +259,13 @@ def search(
     draws = []
     for draw, sampler_seed in enumerate(evaluation.sampler_seeds):
         log.info("search: draw %d with sampler seed %d", draw, sampler_seed)
-        draws.append(_draw(job, sampler_seed))
+        draws.append(_draw(job, draw, sampler_seed))
         for row in draws[-1].rows:
             row.update(draw=draw, sampler_seed=sampler_seed)
     results = _results(job, draws, greedy)
-    return save_results(Path(out), results, [row for d in draws for row in d.rows], name)
+    saved = save_results(Path(out), results, [row for d in draws for row in d.rows], name)
+    remove_progress(out)
+    return saved
 
 
 def _results(job: _Job, draws: list[_Draw], greedy: dict[str, Any] | None) -> dict[str, Any]:
@@ -272,11 +314,13 @@ def _results(job: _Job, draws: list[_Draw], greedy: dict[str, Any] | None) -> di
     )
 
 
-def _draw(job: _Job, sampler_seed: int) -> _Draw:
-    """Particles of every distinct example drawn with `sampler_seed`, selected and scored
-    (with the rewards of the selected outputs when `eval.score_rewards`)."""
+def _draw(job: _Job, draw: int, sampler_seed: int) -> _Draw:
+    """Particles of every distinct example drawn with `sampler_seed` (continuing the draw's
+    progress file if a killed run left one), selected and scored (with the rewards of the
+    selected outputs when `eval.score_rewards`)."""
     settings, task, decoder = job.settings, job.task, job.decoder
     all_examples = [ex for test_set in job.test_sets for ex in test_set]
+    saved = DrawProgress(job.out, draw, sampler_seed, [ex.uid for ex in all_examples])
     tokens0, started = decoder.forward_tokens, time.perf_counter()
     populations, potential_seconds = search_examples(
         decoder,
@@ -287,8 +331,9 @@ def _draw(job: _Job, sampler_seed: int) -> _Draw:
         settings,
         sampler_seed,
         job.progress,
+        saved,
     )
-    seconds = time.perf_counter() - started
+    seconds = saved.earlier_seconds + time.perf_counter() - started
     search_tokens = decoder.forward_tokens - tokens0
     picks = Selections(task, populations, settings.method, settings.posterior_draws, sampler_seed)
     selected = picks.selected()
