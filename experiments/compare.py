@@ -15,9 +15,9 @@ bf16/batching noise). The spread between sets (of the draw-averaged scores) and 
 measured, with a paired bootstrap that resamples examples (the same for both systems) and each
 system's draws. Per-set scores are recomputed from the predictions' per-example statistics
 where the metric is a function of their sum (micro-F1's tp/fp/fn; BLEU's lengths and n-gram
-matches, from the outputs' text), and must agree with the results file. Each system's cost, forward token positions
-per output (`costs`), sits beside its quality, and per task a frontier plot (`frontier`) places
-every system by both. The reading (`results_files`), the systems' keys (`system_keys`), the
+matches, from the outputs' text), and must agree with the results file. Each system's cost,
+forward token positions per output (`costs`), sits beside its quality, and per task a frontier
+plot (`frontier`) places every system by both. The reading (`results_files`), the systems' keys (`system_keys`), the
 pooling (`pool`) and the paired bootstrap (`paired`) are building blocks of their own.
 """
 

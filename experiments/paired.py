@@ -81,12 +81,13 @@ def paired_bootstrap(
     seed: int = SEED,
     draws: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """The mean over shared sets of score(system) − score(reference), each set given as (system's,
-    reference's) statistics, draws × examples × statistics, examples in the same order. Each
-    resample draws every set's examples with replacement, the same for both systems, and each
-    system's draws with replacement ("examples_and_draws", only when `draws`) or keeps them
-    ("examples"); a set's score is the mean over draws of `set_score` of the resampled
-    examples' summed statistics. Each interval: observed, 2.5th and 97.5th percentile, share above 0."""
+    """The mean over shared sets of score(system) − score(reference), each set given as
+    (system's, reference's) statistics, draws × examples × statistics, examples in the same
+    order. Each resample draws every set's examples with replacement, the same for both
+    systems, and each system's draws with replacement ("examples_and_draws", only when
+    `draws`) or keeps them ("examples"); a set's score is the mean over draws of `set_score` of
+    the resampled examples' summed statistics. Each interval: observed, 2.5th and 97.5th
+    percentile, share above 0."""
     rng = np.random.default_rng(seed)
     both, examples = np.zeros(resamples), np.zeros(resamples)
     observed = 0.0
