@@ -18,7 +18,7 @@ from grammarrl.decoding.scoring import sequence_logprobs
 from grammarrl.errors import ConfigError
 from grammarrl.models.chat import encode_prompt
 from grammarrl.models.loading import add_lora, reference_mode
-from grammarrl.search.run import search_examples
+from grammarrl.search.particles import search_examples
 from grammarrl.search.settings import SearchSettings
 from grammarrl.tasks import load_task
 from grammarrl.training.amortised import candidate_indices, resample

@@ -623,7 +623,7 @@ def test_a_killed_search_resumes_from_its_progress_and_draws_the_same(tiny, tmp_
     continues from its progress file: the same particles, scores and forward token counts as
     an uninterrupted run, and no progress file left behind."""
     from grammarrl.evaluation.settings import EvalSettings
-    from grammarrl.search import resume
+    from grammarrl.search import particles, resume
     from grammarrl.search import run as search_run
     from grammarrl.search.settings import SearchSettings
 
@@ -641,7 +641,7 @@ def test_a_killed_search_resumes_from_its_progress_and_draws_the_same(tiny, tmp_
 
     whole, whole_rows = run(tmp_path / "whole")
     monkeypatch.setattr(resume, "SAVE_EVERY_SECONDS", 0.0)
-    calls, real_smc = [], search_run.smc
+    calls, real_smc = [], particles.smc
 
     def killed_at_the_sixth_example(*args, **kwargs):
         calls.append(1)
@@ -649,12 +649,12 @@ def test_a_killed_search_resumes_from_its_progress_and_draws_the_same(tiny, tmp_
             raise KeyboardInterrupt
         return real_smc(*args, **kwargs)
 
-    monkeypatch.setattr(search_run, "smc", killed_at_the_sixth_example)
+    monkeypatch.setattr(particles, "smc", killed_at_the_sixth_example)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "resumed")
     saved = sorted(p.name for p in (tmp_path / "resumed" / resume.FOLDER).iterdir())
     assert saved == ["draw0_seed0.pt", "draw1_seed5.pt"]
-    monkeypatch.setattr(search_run, "smc", real_smc)
+    monkeypatch.setattr(particles, "smc", real_smc)
     resumed, resumed_rows = run(tmp_path / "resumed")
     assert len(calls) == 6  # the patched search stopped; nothing of it ran again
     assert resumed_rows == whole_rows

@@ -32,12 +32,10 @@ import torch
 from omegaconf import DictConfig
 
 from grammarrl.decoding import ConstrainedDecoder, Generation
-from grammarrl.decoding.smc import ParticleSet, smc
-from grammarrl.errors import GrammarRLError
+from grammarrl.decoding.smc import ParticleSet
 from grammarrl.evaluation.costs import Pass, cost_fields, counted
 from grammarrl.evaluation.evaluate import (
     decode_examples,
-    distinct_prompts,
     output_rewards,
     output_summary,
     run_scoring_job,
@@ -48,8 +46,9 @@ from grammarrl.evaluation.settings import EvalSettings
 from grammarrl.evaluation.test_sets import sets_summary, test_examples
 from grammarrl.rl.reward import make_reward
 from grammarrl.runs.results import adapter_name, build_results, dtype_name
-from grammarrl.search.potentials import BoundPotential, Potential, make_potential
-from grammarrl.search.resume import DrawProgress, Progress, remove_progress
+from grammarrl.search.particles import search_examples
+from grammarrl.search.potentials import Potential, make_potential
+from grammarrl.search.resume import DrawProgress, remove_progress
 from grammarrl.search.selections import (
     Selections,
     diagnostics,
@@ -73,109 +72,6 @@ def run_search(cfg: DictConfig) -> dict[str, Any]:
             evaluation, settings, model, tokenizer, task, out, adapter=cfg.eval.adapter
         ),
     )
-
-
-class _Timed:
-    """A bound potential that also measures the time spent in it (cost accounting)."""
-
-    def __init__(self, bound: BoundPotential):
-        self.bound = bound
-        self.on_prefix = bound.on_prefix
-        self.seconds = 0.0
-
-    def prefix(self, prompt: int, text: str) -> float:
-        start = time.perf_counter()
-        try:
-            return self.bound.prefix(prompt, text)
-        finally:
-            self.seconds += time.perf_counter() - start
-
-    def complete(self, prompt: int, texts: list[str]) -> list[float]:
-        start = time.perf_counter()
-        try:
-            return self.bound.complete(prompt, texts)
-        finally:
-            self.seconds += time.perf_counter() - start
-
-
-def search_examples(
-    decoder: ConstrainedDecoder,
-    tokenizer: Any,
-    task: Task,
-    examples: list[Example],
-    potential: Potential,
-    settings: SearchSettings,
-    seed: int,
-    progress: bool = True,
-    saved: DrawProgress | None = None,
-) -> tuple[dict[str, ParticleSet], float]:
-    """Particles of each distinct example (by uid) under `settings`, in length-sorted batches;
-    also returns the seconds spent in the potential. With `saved`, the search continues from
-    its progress file, if there is one, and writes it as it goes (`grammarrl.search.resume`):
-    the particles, generators, potential seconds and the decoder's and potential's forward
-    token counters go on from the saved ones."""
-    from tqdm.auto import tqdm
-
-    method, particles, batch_size = settings.method, settings.particles, settings.batch_size
-    unique, prompts, order = distinct_prompts(tokenizer, task, examples)
-    generator = torch.Generator().manual_seed(seed)
-    resample_generator = torch.Generator().manual_seed(seed + 1)
-    populations: dict[str, ParticleSet] = {}
-    potential_seconds = 0.0
-    started, tokens0, potential0 = (
-        time.perf_counter(),
-        decoder.forward_tokens,
-        potential.forward_tokens,
-    )
-    restored = saved.load() if saved is not None else None
-    if restored is not None:
-        populations = dict(restored.populations)
-        if list(populations) != order[: len(populations)]:
-            raise GrammarRLError(f"{saved.path}: its examples are not the first of this search")
-        generator.set_state(restored.generator)
-        resample_generator.set_state(restored.resample_generator)
-        potential_seconds = restored.potential_seconds
-        decoder.forward_tokens += restored.search_tokens
-        potential.forward_tokens += restored.potential_tokens
-    bar = tqdm(
-        total=len(order),
-        initial=len(populations),
-        desc=f"search {method}",
-        unit="ex",
-        disable=not progress,
-    )
-    for start in range(len(populations), len(order), batch_size):
-        uids = order[start : start + batch_size]
-        twist = None
-        if potential.name != "none":
-            twist = _Timed(potential.bind([unique[uid] for uid in uids]))
-        sets = smc(
-            decoder,
-            [prompts[uid] for uid in uids],
-            particles,
-            twist=twist,
-            ess_threshold=settings.ess_threshold,
-            temperature=settings.temperature,
-            generator=generator,
-            resample_generator=resample_generator,
-        )
-        if twist is not None:
-            potential_seconds += twist.seconds
-        populations.update(zip(uids, sets))
-        bar.update(len(uids))
-        if saved is not None:
-            now = Progress(
-                populations,
-                generator.get_state(),
-                resample_generator.get_state(),
-                saved.earlier_seconds + time.perf_counter() - started,
-                potential_seconds,
-                decoder.forward_tokens - tokens0,
-                potential.forward_tokens - potential0,
-            )
-            saved.save(now, force=len(populations) == len(order))
-    bar.close()
-    return populations, potential_seconds
 
 
 @dataclass(frozen=True)
