@@ -204,9 +204,10 @@ def test_example_ids_are_relative_to_the_data_directory(tmp_path):
     assert relative_uid("eriktks/conll2003:test:3", copy) == "eriktks/conll2003:test:3"
 
 
-def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split():
+def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split(caplog):
     """The dev split (calibration) keeps task.dev_size inputs; the dev validation slice is it
-    followed by the rest of the dev pool, up to train.val_size (default 200)."""
+    followed by the rest of the dev pool, up to train.val_size (default 200), and the log says
+    how many inputs come from each (the splits' own line names the dev split's 24 only)."""
     from grammarrl.data.sources import SkipLog
     from grammarrl.data.splits import make_splits
     from grammarrl.training.datamodule import DataSettings, GrammarRLDataModule
@@ -236,7 +237,11 @@ def test_validation_slice_reaches_val_size_beyond_the_calibration_dev_split():
             return splits
 
     module = GrammarRLDataModule(Toy(), DataSettings.from_config(cfg))
-    module.setup()
+    with caplog.at_level("INFO", logger="grammarrl.training.datamodule"):
+        module.setup()
+    assert "dev validation slice 200 inputs (24 of the dev split, 176 more of the dev pool)" in (
+        caplog.text
+    )
     assert module.val_names == ("train", "dev") and module.val[0] == splits.train[:200]
     assert module.val[1][:24] == splits.dev and len(module.val[1]) == 200
     dev_only_cfg = compose_config(["train.val_train_slice=false"])

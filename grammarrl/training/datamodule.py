@@ -111,6 +111,14 @@ class GrammarRLDataModule(L.LightningDataModule):
             raise DataError(f"task {self.task.name}: the training split is empty")
         size = self.settings.val_size
         dev = (splits.dev + splits.dev_reserve)[:size]
+        from_split = min(len(splits.dev), len(dev))
+        log.info(
+            "task %s: dev validation slice %d inputs (%d of the dev split, %d more of the dev pool)",
+            self.task.name,
+            len(dev),
+            from_split,
+            len(dev) - from_split,
+        )
         if len(dev) < size:
             log.warning(
                 "task %s: train.val_size=%d, but the dev split holds %d inputs: the dev "
