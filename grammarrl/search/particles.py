@@ -1,5 +1,5 @@
-"""The particles of each distinct test example: the search loop shared by every search method
-(`grammarrl.search.run`) and the amortised comparison.
+"""The particles of each distinct test example: the search loop of every search method
+(`grammarrl.search.run`).
 
 Examples go in length-sorted batches through `grammarrl.decoding.smc` with two seeded
 generators (proposal and resampling), so one seed draws the same particles on every run; with a
