@@ -233,7 +233,7 @@ def _particle_curves(systems: dict[str, dict[str, Any] | None], out: Path) -> di
         return [Path(run).parent for run in systems[label]["runs"]]
 
     references = {
-        label: folders(label)[0]
+        label: Path(systems[label]["runs"][0])
         for label in ("frozen greedy", "GrammarRL greedy")
         if systems[label] is not None
     }

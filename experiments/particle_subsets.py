@@ -15,7 +15,8 @@ starts to pay on the same particles.
         --out $R/report/conll/particle_subsets.json --plot $R/report/conll/particle_subsets.png
 
 `--reference LABEL=RUN` adds a run's recorded mean (a greedy system on the same test sets) as a
-flat line to the plot and a field to the JSON.
+flat line to the plot and a field to the JSON; RUN is a run folder, or one results file in it
+where the folder holds two (a training run's `results.json` and `results_best_dev.json`).
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ def first_reaching(points: Sequence[float], level: float) -> int | None:
 
 
 def particle_curves(runs: Sequence[Path], references: Mapping[str, Path]) -> dict[str, Any]:
-    """The curves of one task's IS runs (sampler draws on one test draw), with each reference
-    run's recorded mean and the first m at which each method reaches it. Scoring loads the
+    """The curves of one task's IS runs (sampler draws on one test draw), with each reference's
+    recorded mean (a run folder, or a results file in it) and the first m at which each method reaches it. Scoring loads the
     run's task, so its data must be set up as for the runs."""
     record = read_record(runs[0])
     if record is None:
@@ -171,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="append",
         default=[],
         metavar="LABEL=RUN",
-        help="a run on the same test sets whose mean is drawn as a flat line (repeatable)",
+        help="a run folder (or one results file in it) on the same test sets whose mean is drawn"
+        " as a flat line (repeatable)",
     )
     parser.add_argument("--out", type=Path, help="write the curve here as JSON (else stdout)")
     parser.add_argument("--plot", type=Path, help="draw the curve here (PNG)")
@@ -208,7 +210,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 
 
 def read_reference(text: str) -> tuple[str, Path]:
-    """`LABEL=RUN` as (label, run folder)."""
+    """`LABEL=RUN` as (label, run folder or results file)."""
     label, sep, run = text.partition("=")
     if not sep:
         raise SystemExit(f"--reference {text}: expected LABEL=RUN")

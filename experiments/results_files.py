@@ -30,11 +30,14 @@ def source(ev: Evaluation) -> str:
     return os.path.relpath(ev.run.path / f"{ev.name}.json")
 
 
-def one_evaluation(folder: Path) -> Evaluation:
-    """The one evaluation (greedy, beam or search) recorded in a run folder."""
-    evals = load_sweep([folder]).evaluations()
+def one_evaluation(path: Path) -> Evaluation:
+    """The one evaluation (greedy, beam or search) recorded in a run folder, or the one a results
+    file in it holds (a training run records two: its last and its dev-best adapter's)."""
+    folder, name = (path.parent, path.stem) if path.suffix == ".json" else (path, None)
+    evals = [ev for ev in load_sweep([folder]).evaluations() if name in (None, ev.name)]
     if len(evals) != 1:
-        raise AggregationError(f"{folder}: expected one evaluation, found {len(evals)}")
+        hint = " (name one of its results files)" if name is None and evals else ""
+        raise AggregationError(f"{path}: expected one evaluation, found {len(evals)}{hint}")
     return evals[0]
 
 

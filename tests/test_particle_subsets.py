@@ -16,6 +16,7 @@ from experiments.particle_subsets import (
     pick,
     read_reference,
 )
+from experiments.results_files import one_evaluation
 from experiments.runs import AggregationError
 
 
@@ -116,6 +117,18 @@ def test_particle_curves_end_at_the_recorded_search_and_reference_means():
     full, first = result["curves"]["Full IS"], ref["first_m_reaching"]["Full IS"]
     assert full[first - 1] >= ref["mean"] > max(full[: first - 1])
     assert (result["examples"], result["draws"]) == (200, 3)
+
+
+def test_a_reference_names_one_results_file_of_a_training_run():
+    """WoS's training run records two evaluations (its last and its dev-best adapter's): its
+    folder alone is refused with a hint, and each of its results files reads as its own."""
+    train = Path("experiments/results/frontier/runs/wos/train")
+    with pytest.raises(AggregationError, match=r"found 2 \(name one of its results files\)"):
+        one_evaluation(train)
+    for name in ("results", "results_best_dev"):
+        recorded = json.loads((train / f"{name}.json").read_text())
+        evaluation = one_evaluation(train / f"{name}.json")
+        assert (evaluation.name, evaluation.results) == (name, recorded)
 
 
 def test_the_curves_table_has_a_row_per_task_and_says_never():
