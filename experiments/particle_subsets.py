@@ -111,8 +111,8 @@ def first_reaching(points: Sequence[float], level: float) -> int | None:
 
 def particle_curves(runs: Sequence[Path], references: Mapping[str, Path]) -> dict[str, Any]:
     """The curves of one task's IS runs (sampler draws on one test draw), with each reference's
-    recorded mean (a run folder, or a results file in it) and the first m at which each method reaches it. Scoring loads the
-    run's task, so its data must be set up as for the runs."""
+    recorded mean (a run folder, or a results file in it) and the first m at which each method
+    reaches it. Scoring loads the run's task, so its data must be set up as for the runs."""
     record = read_record(runs[0])
     if record is None:
         raise AggregationError(f"{runs[0]}: no job.json or results.json to read the task from")
